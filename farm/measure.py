@@ -1,0 +1,48 @@
+"""What measuring one candidate yields. Failures are data: every outcome is a MeasureResult."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from typing import Any
+
+
+class Status(str, Enum):
+    OK = "ok"
+    BUILD_ERROR = "build_error"  # the template or the compiler failed
+    INVALID = "invalid"  # built, but breaks a device limit (threads, smem, registers)
+    RUNTIME_ERROR = "runtime_error"  # launch failed, the server crashed, ...
+    TIMEOUT = "timeout"  # build or run took longer than its limit
+    WRONG_RESULT = "wrong_result"  # ran, but its output differs from the reference
+
+
+@dataclass
+class MeasureResult:
+    """One candidate's outcome. `latencies` holds every repeat's mean time in seconds."""
+
+    config_index: int
+    config: dict[str, Any]
+    status: Status
+    error: str = ""
+    latencies: list[float] = field(default_factory=list)
+    build_seconds: float = 0.0
+    run_seconds: float = 0.0
+    device: str = ""
+    worker: str = ""
+    shard: int = 0
+    round: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.status is Status.OK
+
+    @property
+    def latency(self) -> float | None:
+        """Median of the repeats in seconds, None unless the candidate ran correctly."""
+        return statistics.median(self.latencies) if self.ok and self.latencies else None
+
+    def to_json(self) -> dict[str, Any]:
+        doc = asdict(self)
+        doc["status"] = self.status.value
+        return doc

@@ -1,0 +1,20 @@
+"""Templates by (workload, target kind). `get_template` is the one lookup everything uses."""
+
+from __future__ import annotations
+
+from farm.errors import FarmError
+from farm.templates.base import Template
+from farm.templates.cuda_tiled import CudaTiled
+
+TEMPLATES: list[Template] = [CudaTiled()]
+
+
+def get_template(workload: str, kind: str) -> Template:
+    """The template for `workload` on target `kind`; FarmError if there is none."""
+    for template in TEMPLATES:
+        if template.kind == kind and workload in template.workloads:
+            return template
+    raise FarmError(f"no {kind} template for workload {workload!r}")
+
+
+__all__ = ["TEMPLATES", "Template", "get_template"]

@@ -1,0 +1,157 @@
+"""CUDA multi-level tiling for conv2d, grouped conv2d and matmul.
+
+The structure of the AutoTVM conv2d tutorial ("Tuning High Performance Convolution on NVIDIA
+GPUs", ../shared/references/): every spatial axis is split 4 ways into block / vthread /
+thread / inner, every reduction axis 3 ways into outer / middle / inner; the inputs are staged
+through shared memory at the outer reduction loop with cooperative fetching by all threads of
+the block, then through registers at the middle loop; the output accumulates in a local write
+cache; `auto_unroll_max_step` in {0, 512, 1500} and `unroll_explicit` in {0, 1} tune unrolling.
+For the tutorial's ResNet last layer this space has exactly its 10,454,400 configs.
+
+Spatial axes are grouped onto the z / y / x grid and thread dimensions (conv: batch and
+output channel on z, rows on y, columns on x; matmul: rows on y, columns on x).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from farm.space import ChoiceKnob, Config, ConfigSpace, SplitKnob
+from farm.targets import TargetSpec
+from farm.templates.base import (
+    Template,
+    annotate_unroll,
+    dtype_bytes,
+    loop_extents,
+    new_schedule,
+    prod,
+)
+from farm.workloads import Workload
+
+# Loop names of the `compute` block, spatial then reduction (see farm.workloads).
+_CONV_AXES = ("n", "f", "y", "x"), ("rc", "ry", "rx")
+_AXES = {
+    "conv2d_nchw": _CONV_AXES,
+    "group_conv2d_nchw": _CONV_AXES,
+    "matmul": (("i", "j"), ("k",)),
+}
+# Which spatial axes share each grid dimension, z then y then x.
+_GROUPS = {
+    "conv2d_nchw": (("n", "f"), ("y",), ("x",)),
+    "group_conv2d_nchw": (("n", "f"), ("y",), ("x",)),
+    "matmul": ((), ("i",), ("j",)),
+}
+_DIMS = ("z", "y", "x")
+
+
+class CudaTiled(Template):
+    name: ClassVar[str] = "cuda.tiled"
+    kind: ClassVar[str] = "cuda"
+    workloads: ClassVar[tuple[str, ...]] = tuple(_AXES)
+
+    def space(self, wl: Workload, target: TargetSpec) -> ConfigSpace:
+        spatial, reduce = _AXES[wl.name]
+        extents = dict(zip(spatial + reduce, _loop_extents(wl), strict=True))
+        return ConfigSpace(
+            [SplitKnob(f"tile_{a}", extents[a], 4) for a in spatial]
+            + [SplitKnob(f"tile_{a}", extents[a], 3) for a in reduce]
+            + [ChoiceKnob("auto_unroll_max_step", [0, 512, 1500]), ChoiceKnob("unroll_explicit", [0, 1])]
+        )
+
+    def check(self, wl: Workload, target: TargetSpec, config: Config) -> str | None:
+        spatial, _ = _AXES[wl.name]
+        threads = prod(config[f"tile_{a}"][2] for a in spatial)
+        if threads > target.limit("max_threads_per_block"):
+            return f"{threads} threads per block > {target.limit('max_threads_per_block')}"
+        vthreads = prod(config[f"tile_{a}"][1] for a in spatial)
+        if vthreads > target.max_vthreads:
+            return f"{vthreads} vthreads > {target.max_vthreads}"
+        smem = _shared_bytes(wl, config)
+        if smem > target.limit("max_shared_memory_per_block"):
+            return f"{smem} bytes of shared memory > {target.limit('max_shared_memory_per_block')}"
+        return None
+
+    def schedule(self, wl: Workload, target: TargetSpec, config: Config) -> Any:
+        spatial, reduce = _AXES[wl.name]
+        sch = new_schedule(wl)
+        block = sch.get_sblock("compute")
+        if wl.name != "matmul":
+            sch.compute_inline(sch.get_sblock("pad"))
+        write_cache = sch.cache_write(block, 0, "local")
+        loops = dict(zip(spatial + reduce, sch.get_loops(block), strict=True))
+        tiles = {a: sch.split(loops[a], list(config[f"tile_{a}"])) for a in spatial + reduce}
+
+        # Fuse each grid dimension's axes at each level, then bind level by level.
+        level_loops: list[list[Any]] = [[], [], [], []]
+        for level in range(4):
+            for group in _GROUPS[wl.name]:
+                if group:
+                    parts = [tiles[a][level] for a in group]
+                    level_loops[level].append(parts)
+        reduce_outer = [tiles[a][0] for a in reduce]
+        reduce_mid = [tiles[a][1] for a in reduce]
+        reduce_inner = [tiles[a][2] for a in reduce]
+        order = [lp for level in level_loops[:3] for parts in level for lp in parts]
+        order += reduce_outer + reduce_mid + reduce_inner
+        order += [lp for parts in level_loops[3] for lp in parts]
+        sch.reorder(*order)
+
+        dims = [d for d, g in zip(_DIMS, _GROUPS[wl.name], strict=True) if g]
+        bound: dict[str, list[Any]] = {}
+        for level, prefix in enumerate(("blockIdx", "vthread", "threadIdx")):
+            fused = [sch.fuse(*parts) if len(parts) > 1 else parts[0] for parts in level_loops[level]]
+            bound[prefix] = fused
+            for loop, dim in zip(fused, dims, strict=True):
+                sch.bind(loop, f"{prefix}.{dim}")
+        sch.reverse_compute_at(write_cache, bound["threadIdx"][-1])
+
+        # Shared memory at the outer reduction loop, registers at the middle one.
+        thread_extents = [
+            prod(config[f"tile_{a}"][2] for a in group) for group in _GROUPS[wl.name] if group
+        ]
+        for i in range(2):
+            shared = sch.cache_read(block, i, "shared")
+            sch.compute_at(shared, reduce_outer[-1], preserve_unit_loops=True)
+            _cooperative_fetch(sch, shared, thread_extents, dims)
+        for i in range(2):
+            local = sch.cache_read(block, i, "local")
+            sch.compute_at(local, reduce_mid[-1])
+
+        annotate_unroll(sch, bound["blockIdx"][0], config["auto_unroll_max_step"],
+                        config["unroll_explicit"])
+        return sch
+
+
+def _cooperative_fetch(sch: Any, block: Any, thread_extents: list[int], dims: list[str]) -> None:
+    """All threads of the block copy the tile: fuse its copy loops, split them over threads."""
+    # compute_at gave the copy block one loop per dimension of the buffer it fills.
+    ndim = len(sch.get(block).writes[0].region)
+    fused = sch.fuse(*sch.get_loops(block)[-ndim:])
+    parts = sch.split(fused, [*thread_extents, None])
+    for loop, dim in zip(parts, dims, strict=False):
+        sch.bind(loop, f"threadIdx.{dim}")
+
+
+def _loop_extents(wl: Workload) -> list[int]:
+    sch = new_schedule(wl)
+    return loop_extents(sch, sch.get_sblock("compute"))
+
+
+def _shared_bytes(wl: Workload, config: Config) -> int:
+    """Shared memory one block stages per outer reduction step (inputs' tile footprints)."""
+    p = wl.p
+    tile = {a: prod(config[f"tile_{a}"][1:]) for a in _AXES[wl.name][0]}
+    chunk = {a: prod(config[f"tile_{a}"][1:]) for a in _AXES[wl.name][1]}
+    if wl.name == "matmul":
+        elements = tile["i"] * chunk["k"] + chunk["k"] * tile["j"]
+    else:
+        s, d = p["stride"], p.get("dilation", 1)
+        channels = chunk["rc"]
+        if wl.name == "group_conv2d_nchw":
+            cig, cog = p["CI"] // p["groups"], p["CO"] // p["groups"]
+            spanned = -(-tile["f"] // cog) + (0 if tile["f"] % cog == 0 or cog % tile["f"] == 0 else 1)
+            channels = (spanned - 1) * cig + chunk["rc"]
+        rows = (tile["y"] - 1) * s + (chunk["ry"] - 1) * d + 1
+        cols = (tile["x"] - 1) * s + (chunk["rx"] - 1) * d + 1
+        elements = tile["n"] * channels * rows * cols + tile["f"] * chunk["rc"] * chunk["ry"] * chunk["rx"]
+    return elements * dtype_bytes(wl.dtype)

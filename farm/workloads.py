@@ -1,0 +1,527 @@
+"""The tensor kernels the farm tunes: their TE definitions, NumPy references, costs and presets.
+
+A `Workload` is a kernel name plus validated parameters (TOPI-style, see DESIGN.md). Each
+definition builds its TE computation with fixed stage names that templates rely on:
+
+- ``pad``: the padded input (absent when the kernel has no padding stage),
+- ``compute``: the main reduction (the stage templates tile),
+- ``avg``: average pooling's division stage.
+
+The argument order of the built function is ``inputs..., output``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from farm.errors import FarmError
+
+DTYPES = ("float32", "float16")
+
+
+@dataclass(frozen=True)
+class Param:
+    """One parameter of a workload: an int (>= `minimum`) or one of `choices`."""
+
+    name: str
+    default: Any = None  # None: required
+    choices: tuple[str, ...] | None = None
+    minimum: int = 1
+
+    def parse(self, workload: str, raw: Any) -> Any:
+        """Return the parameter's value from `raw` (a string from the CLI or a Python value)."""
+        if self.choices is not None:
+            value = str(raw)
+            if value not in self.choices:
+                raise FarmError(
+                    f"{workload}: {self.name}={raw!r} is not one of {', '.join(self.choices)}"
+                )
+            return value
+        if isinstance(raw, bool):
+            raise FarmError(f"{workload}: {self.name} must be an integer, got {raw!r}")
+        try:
+            value = int(raw) if isinstance(raw, int) else int(str(raw).strip(), 10)
+        except ValueError:
+            raise FarmError(f"{workload}: {self.name} must be an integer, got {raw!r}") from None
+        if value < self.minimum:
+            raise FarmError(f"{workload}: {self.name} must be >= {self.minimum}, got {value}")
+        return value
+
+
+def _dtype() -> Param:
+    return Param("dtype", "float32", DTYPES)
+
+
+@dataclass(frozen=True)
+class WorkloadDef:
+    """A kernel family: parameters, TE definition, reference, costs.
+
+    `check` raises FarmError for parameter combinations that have no valid kernel;
+    `build_te` returns the function's arguments (inputs then output);
+    `reference` computes the output in float64 from the inputs;
+    `flops` and `bytes` count useful operations and compulsory memory traffic.
+    """
+
+    name: str
+    params: tuple[Param, ...]
+    doc: str
+    check: Callable[[Mapping[str, Any]], None]
+    input_shapes: Callable[[Mapping[str, Any]], list[tuple[int, ...]]]
+    output_shape: Callable[[Mapping[str, Any]], tuple[int, ...]]
+    build_te: Callable[[Mapping[str, Any]], list[Any]]
+    reference: Callable[[Mapping[str, Any], list[np.ndarray]], np.ndarray]
+    flops: Callable[[Mapping[str, Any]], int]
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A kernel with concrete, validated parameters. Hashable; its `key` is canonical JSON."""
+
+    name: str
+    params: tuple[tuple[str, Any], ...] = field(default=())
+
+    @property
+    def definition(self) -> WorkloadDef:
+        return WORKLOADS[self.name]
+
+    @property
+    def p(self) -> dict[str, Any]:
+        return dict(self.params)
+
+    @property
+    def key(self) -> str:
+        return json.dumps({"name": self.name, "params": self.p}, sort_keys=True)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "params": self.p}
+
+    @property
+    def dtype(self) -> str:
+        return self.p["dtype"]
+
+    def input_shapes(self) -> list[tuple[int, ...]]:
+        return self.definition.input_shapes(self.p)
+
+    def output_shape(self) -> tuple[int, ...]:
+        return self.definition.output_shape(self.p)
+
+    def build_te(self) -> list[Any]:
+        return self.definition.build_te(self.p)
+
+    def flops(self) -> int:
+        return self.definition.flops(self.p)
+
+    def bytes(self) -> int:
+        """Compulsory memory traffic: every input read once, the output written once."""
+        item = np.dtype(self.dtype).itemsize
+        elements = sum(int(np.prod(s)) for s in self.input_shapes())
+        return (elements + int(np.prod(self.output_shape()))) * item
+
+    def random_inputs(self, seed: int = 0) -> list[np.ndarray]:
+        """Inputs drawn from U(-1, 1) (never zeros: they hide unwritten outputs)."""
+        rng = np.random.default_rng(seed)
+        return [rng.uniform(-1.0, 1.0, size=s).astype(self.dtype) for s in self.input_shapes()]
+
+    def reference(self, inputs: list[np.ndarray]) -> np.ndarray:
+        """The expected output, computed in float64 and cast to the workload's dtype."""
+        ref = self.definition.reference(self.p, [x.astype(np.float64) for x in inputs])
+        return ref.astype(self.dtype)
+
+    def tolerance(self) -> float:
+        """Bound on ||out - ref|| / ||ref|| for a correct kernel in this dtype."""
+        return 2e-2 if self.dtype == "float16" else 1e-4
+
+    def __str__(self) -> str:
+        args = ",".join(f"{k}={v}" for k, v in self.params)
+        return f"{self.name}({args})"
+
+
+# --- shape helpers --------------------------------------------------------------------------
+
+
+def _out_size(size: int, k: int, stride: int, pad: int, dilation: int = 1) -> int:
+    return (size + 2 * pad - dilation * (k - 1) - 1) // stride + 1
+
+
+def _check_window(name: str, p: Mapping[str, Any], dilation: int = 1) -> None:
+    for axis, k in (("H", "KH"), ("W", "KW")):
+        span = dilation * (p[k] - 1) + 1
+        if span > p[axis] + 2 * p["pad"]:
+            raise FarmError(
+                f"{name}: kernel {k}={p[k]} (span {span}) is larger than the padded input "
+                f"{axis}+2*pad={p[axis] + 2 * p['pad']}"
+            )
+
+
+def _pad_te(data: Any, pad: int, value: Any) -> Any:
+    """The `pad` stage: `data` with `pad` elements of `value` around its last two axes."""
+    from tvm import te, tirx
+
+    n, c, h, w = data.shape
+    return te.compute(
+        (n, c, h + 2 * pad, w + 2 * pad),
+        lambda i, j, y, x: tirx.if_then_else(
+            tirx.all(y >= pad, y < h + pad, x >= pad, x < w + pad),
+            data[i, j, y - pad, x - pad],
+            value,
+        ),
+        name="pad",
+    )
+
+
+def _windows(x: np.ndarray, kh: int, kw: int, stride: int, pad: int, dilation: int,
+             fill: float = 0.0) -> np.ndarray:
+    """(N, C, OH, OW, KH, KW) view of the padded input's windows."""
+    xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)), constant_values=fill)
+    n, c, hp, wp = xp.shape
+    oh = (hp - dilation * (kh - 1) - 1) // stride + 1
+    ow = (wp - dilation * (kw - 1) - 1) // stride + 1
+    s = xp.strides
+    return np.lib.stride_tricks.as_strided(
+        xp,
+        shape=(n, c, oh, ow, kh, kw),
+        strides=(s[0], s[1], s[2] * stride, s[3] * stride, s[2] * dilation, s[3] * dilation),
+        writeable=False,
+    )
+
+
+# --- conv2d_nchw ----------------------------------------------------------------------------
+
+
+def _conv_out(p: Mapping[str, Any]) -> tuple[int, int, int, int]:
+    d = p.get("dilation", 1)
+    return (p["N"], p["CO"], _out_size(p["H"], p["KH"], p["stride"], p["pad"], d),
+            _out_size(p["W"], p["KW"], p["stride"], p["pad"], d))
+
+
+def _conv2d_check(p: Mapping[str, Any]) -> None:
+    _check_window("conv2d_nchw", p, p["dilation"])
+
+
+def _conv2d_te(p: Mapping[str, Any]) -> list[Any]:
+    from tvm import te, tirx
+
+    dt, s, d = p["dtype"], p["stride"], p["dilation"]
+    data = te.placeholder((p["N"], p["CI"], p["H"], p["W"]), dt, name="data")
+    kernel = te.placeholder((p["CO"], p["CI"], p["KH"], p["KW"]), dt, name="kernel")
+    padded = _pad_te(data, p["pad"], tirx.const(0.0, dt))
+    rc = te.reduce_axis((0, p["CI"]), name="rc")
+    ry = te.reduce_axis((0, p["KH"]), name="ry")
+    rx = te.reduce_axis((0, p["KW"]), name="rx")
+    out = te.compute(
+        _conv_out(p),
+        lambda n, f, y, x: te.sum(
+            padded[n, rc, y * s + ry * d, x * s + rx * d] * kernel[f, rc, ry, rx], axis=[rc, ry, rx]
+        ),
+        name="compute",
+    )
+    return [data, kernel, out]
+
+
+def _conv2d_ref(p: Mapping[str, Any], xs: list[np.ndarray]) -> np.ndarray:
+    win = _windows(xs[0], p["KH"], p["KW"], p["stride"], p["pad"], p["dilation"])
+    return np.einsum("ncyxhw,fchw->nfyx", win, xs[1], optimize=True)
+
+
+# --- depthwise_conv2d_nchw ------------------------------------------------------------------
+
+
+def _dw_out(p: Mapping[str, Any]) -> tuple[int, int, int, int]:
+    return (p["N"], p["C"] * p["multiplier"], _out_size(p["H"], p["KH"], p["stride"], p["pad"]),
+            _out_size(p["W"], p["KW"], p["stride"], p["pad"]))
+
+
+def _dw_te(p: Mapping[str, Any]) -> list[Any]:
+    from tvm import te, tirx
+
+    dt, s, m = p["dtype"], p["stride"], p["multiplier"]
+    data = te.placeholder((p["N"], p["C"], p["H"], p["W"]), dt, name="data")
+    kernel = te.placeholder((p["C"], m, p["KH"], p["KW"]), dt, name="kernel")
+    padded = _pad_te(data, p["pad"], tirx.const(0.0, dt))
+    ry = te.reduce_axis((0, p["KH"]), name="ry")
+    rx = te.reduce_axis((0, p["KW"]), name="rx")
+    out = te.compute(
+        _dw_out(p),
+        lambda n, c, y, x: te.sum(
+            padded[n, c // m, y * s + ry, x * s + rx] * kernel[c // m, c % m, ry, rx],
+            axis=[ry, rx],
+        ),
+        name="compute",
+    )
+    return [data, kernel, out]
+
+
+def _dw_ref(p: Mapping[str, Any], xs: list[np.ndarray]) -> np.ndarray:
+    win = _windows(xs[0], p["KH"], p["KW"], p["stride"], p["pad"], 1)
+    out = np.einsum("ncyxhw,cmhw->ncmyx", win, xs[1], optimize=True)
+    n, c, m, oh, ow = out.shape
+    return out.reshape(n, c * m, oh, ow)
+
+
+# --- pool2d ---------------------------------------------------------------------------------
+
+
+def _pool_out(p: Mapping[str, Any]) -> tuple[int, int, int, int]:
+    return (p["N"], p["C"], _out_size(p["H"], p["KH"], p["stride"], p["pad"]),
+            _out_size(p["W"], p["KW"], p["stride"], p["pad"]))
+
+
+def _pool_check(p: Mapping[str, Any]) -> None:
+    _check_window("pool2d", p)
+    if p["pad"] >= max(p["KH"], p["KW"]) and p["kind"] == "max":
+        raise FarmError(
+            f"pool2d: pad={p['pad']} must be smaller than the window ({p['KH']}x{p['KW']}), "
+            "or some windows hold only padding"
+        )
+
+
+def _pool_te(p: Mapping[str, Any]) -> list[Any]:
+    from tvm import te, tirx
+
+    dt, s, kh, kw = p["dtype"], p["stride"], p["KH"], p["KW"]
+    data = te.placeholder((p["N"], p["C"], p["H"], p["W"]), dt, name="data")
+    fill = tirx.min_value(dt) if p["kind"] == "max" else tirx.const(0.0, dt)
+    padded = _pad_te(data, p["pad"], fill)
+    ry = te.reduce_axis((0, kh), name="ry")
+    rx = te.reduce_axis((0, kw), name="rx")
+    reducer = te.max if p["kind"] == "max" else te.sum
+    pooled = te.compute(
+        _pool_out(p),
+        lambda n, c, y, x: reducer(padded[n, c, y * s + ry, x * s + rx], axis=[ry, rx]),
+        name="compute",
+    )
+    if p["kind"] == "max":
+        return [data, pooled]
+    # Average over the whole window, padding included (PyTorch's count_include_pad=True).
+    avg = te.compute(
+        pooled.shape, lambda *i: pooled[i] * tirx.const(1.0 / (kh * kw), dt), name="avg"
+    )
+    return [data, avg]
+
+
+def _pool_ref(p: Mapping[str, Any], xs: list[np.ndarray]) -> np.ndarray:
+    fill = -np.inf if p["kind"] == "max" else 0.0
+    win = _windows(xs[0], p["KH"], p["KW"], p["stride"], p["pad"], 1, fill)
+    if p["kind"] == "max":
+        return win.max(axis=(4, 5))
+    return win.sum(axis=(4, 5)) / (p["KH"] * p["KW"])
+
+
+# --- group_conv2d_nchw ----------------------------------------------------------------------
+
+
+def _group_check(p: Mapping[str, Any]) -> None:
+    for ch in ("CI", "CO"):
+        if p[ch] % p["groups"]:
+            raise FarmError(
+                f"group_conv2d_nchw: {ch}={p[ch]} is not divisible by groups={p['groups']}"
+            )
+    _check_window("group_conv2d_nchw", p)
+
+
+def _group_te(p: Mapping[str, Any]) -> list[Any]:
+    from tvm import te, tirx
+
+    dt, s, g = p["dtype"], p["stride"], p["groups"]
+    cig, cog = p["CI"] // g, p["CO"] // g
+    data = te.placeholder((p["N"], p["CI"], p["H"], p["W"]), dt, name="data")
+    kernel = te.placeholder((p["CO"], cig, p["KH"], p["KW"]), dt, name="kernel")
+    padded = _pad_te(data, p["pad"], tirx.const(0.0, dt))
+    rc = te.reduce_axis((0, cig), name="rc")
+    ry = te.reduce_axis((0, p["KH"]), name="ry")
+    rx = te.reduce_axis((0, p["KW"]), name="rx")
+    out = te.compute(
+        _conv_out({**p, "dilation": 1}),
+        lambda n, f, y, x: te.sum(
+            padded[n, f // cog * cig + rc, y * s + ry, x * s + rx] * kernel[f, rc, ry, rx],
+            axis=[rc, ry, rx],
+        ),
+        name="compute",
+    )
+    return [data, kernel, out]
+
+
+def _group_ref(p: Mapping[str, Any], xs: list[np.ndarray]) -> np.ndarray:
+    g = p["groups"]
+    win = _windows(xs[0], p["KH"], p["KW"], p["stride"], p["pad"], 1)
+    n, ci, oh, ow, kh, kw = win.shape
+    win = win.reshape(n, g, ci // g, oh, ow, kh, kw)
+    ker = xs[1].reshape(g, p["CO"] // g, ci // g, kh, kw)
+    out = np.einsum("ngcyxhw,gfchw->ngfyx", win, ker, optimize=True)
+    return out.reshape(n, p["CO"], oh, ow)
+
+
+# --- matmul ---------------------------------------------------------------------------------
+
+
+def _matmul_te(p: Mapping[str, Any]) -> list[Any]:
+    from tvm import te
+
+    a = te.placeholder((p["M"], p["K"]), p["dtype"], name="A")
+    b = te.placeholder((p["K"], p["N"]), p["dtype"], name="B")
+    k = te.reduce_axis((0, p["K"]), name="k")
+    c = te.compute((p["M"], p["N"]), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="compute")
+    return [a, b, c]
+
+
+def _no_check(p: Mapping[str, Any]) -> None:
+    return None
+
+
+def _conv_shapes(p: Mapping[str, Any], ci_kernel: int) -> list[tuple[int, ...]]:
+    return [(p["N"], p["CI"], p["H"], p["W"]), (p["CO"], ci_kernel, p["KH"], p["KW"])]
+
+
+WORKLOADS: dict[str, WorkloadDef] = {
+    d.name: d
+    for d in (
+        WorkloadDef(
+            name="conv2d_nchw",
+            params=(Param("N"), Param("CI"), Param("H"), Param("W"), Param("CO"), Param("KH"),
+                    Param("KW"), Param("stride", 1), Param("pad", 0, minimum=0),
+                    Param("dilation", 1), _dtype()),
+            doc="2D convolution, NCHW data, OIHW kernel",
+            check=_conv2d_check,
+            input_shapes=lambda p: _conv_shapes(p, p["CI"]),
+            output_shape=_conv_out,
+            build_te=_conv2d_te,
+            reference=_conv2d_ref,
+            flops=lambda p: 2 * int(np.prod(_conv_out(p))) * p["CI"] * p["KH"] * p["KW"],
+        ),
+        WorkloadDef(
+            name="depthwise_conv2d_nchw",
+            params=(Param("N"), Param("C"), Param("H"), Param("W"), Param("KH"), Param("KW"),
+                    Param("stride", 1), Param("pad", 0, minimum=0), Param("multiplier", 1),
+                    _dtype()),
+            doc="depthwise 2D convolution, NCHW data, (C, multiplier, KH, KW) kernel",
+            check=lambda p: _check_window("depthwise_conv2d_nchw", p),
+            input_shapes=lambda p: [(p["N"], p["C"], p["H"], p["W"]),
+                                    (p["C"], p["multiplier"], p["KH"], p["KW"])],
+            output_shape=_dw_out,
+            build_te=_dw_te,
+            reference=_dw_ref,
+            flops=lambda p: 2 * int(np.prod(_dw_out(p))) * p["KH"] * p["KW"],
+        ),
+        WorkloadDef(
+            name="pool2d",
+            params=(Param("N"), Param("C"), Param("H"), Param("W"), Param("KH"), Param("KW"),
+                    Param("stride", 1), Param("pad", 0, minimum=0),
+                    Param("kind", "max", ("max", "avg")), _dtype()),
+            doc="2D max or average pooling (average counts padding), NCHW",
+            check=_pool_check,
+            input_shapes=lambda p: [(p["N"], p["C"], p["H"], p["W"])],
+            output_shape=_pool_out,
+            build_te=_pool_te,
+            reference=_pool_ref,
+            flops=lambda p: int(np.prod(_pool_out(p))) * p["KH"] * p["KW"],
+        ),
+        WorkloadDef(
+            name="group_conv2d_nchw",
+            params=(Param("N"), Param("CI"), Param("H"), Param("W"), Param("CO"), Param("KH"),
+                    Param("KW"), Param("groups"), Param("stride", 1), Param("pad", 0, minimum=0),
+                    _dtype()),
+            doc="grouped 2D convolution, NCHW data, (CO, CI/groups, KH, KW) kernel",
+            check=_group_check,
+            input_shapes=lambda p: _conv_shapes(p, p["CI"] // p["groups"]),
+            output_shape=lambda p: _conv_out({**p, "dilation": 1}),
+            build_te=_group_te,
+            reference=_group_ref,
+            flops=lambda p: 2 * int(np.prod(_conv_out({**p, "dilation": 1})))
+            * (p["CI"] // p["groups"]) * p["KH"] * p["KW"],
+        ),
+        WorkloadDef(
+            name="matmul",
+            params=(Param("M"), Param("N"), Param("K"), _dtype()),
+            doc="C[M, N] = A[M, K] @ B[K, N]",
+            check=_no_check,
+            input_shapes=lambda p: [(p["M"], p["K"]), (p["K"], p["N"])],
+            output_shape=lambda p: (p["M"], p["N"]),
+            build_te=_matmul_te,
+            reference=lambda p, xs: xs[0] @ xs[1],
+            flops=lambda p: 2 * p["M"] * p["N"] * p["K"],
+        ),
+    )
+}
+
+PRESETS: dict[str, tuple[str, dict[str, Any], str]] = {
+    "resnet-last-conv": (
+        "conv2d_nchw",
+        dict(N=1, CI=512, H=7, W=7, CO=512, KH=3, KW=3, stride=1, pad=1),
+        "ResNet's last 3x3 conv (AutoTVM conv2d tutorial)",
+    ),
+    "seed-depthwise": (
+        "depthwise_conv2d_nchw",
+        dict(N=3, C=4, H=16, W=32, KH=7, KW=7, stride=1, pad=3),
+        "the depthwise-conv blog post's 7x7 case",
+    ),
+    "seed-maxpool": (
+        "pool2d",
+        dict(N=1, C=64, H=64, W=64, KH=3, KW=3, stride=1, pad=1, kind="max"),
+        "d2ltvm's GPU max pooling",
+    ),
+    "seed-avgpool": (
+        "pool2d",
+        dict(N=1, C=64, H=64, W=64, KH=3, KW=3, stride=1, pad=1, kind="avg"),
+        "d2ltvm's GPU average pooling",
+    ),
+    "spio-grouped": (
+        "group_conv2d_nchw",
+        dict(N=32, CI=64, H=64, W=64, CO=64, KH=3, KW=3, pad=1, groups=8, dtype="float16"),
+        "spio's grouped conv, group width 8, fp16",
+    ),
+}
+
+
+def make_workload(name: str, params: Mapping[str, Any] | None = None) -> Workload:
+    """Build a validated Workload from a workload or preset name and parameter overrides.
+
+    Raises FarmError for an unknown name, an unknown, missing or malformed parameter, or a
+    combination with no valid kernel.
+    """
+    overrides = dict(params or {})
+    if name in PRESETS:
+        name, base, _ = PRESETS[name]
+        overrides = {**base, **overrides}
+    if name not in WORKLOADS:
+        known = ", ".join([*WORKLOADS, *PRESETS])
+        raise FarmError(f"unknown workload or preset {name!r}; known: {known}")
+    definition = WORKLOADS[name]
+    names = {prm.name for prm in definition.params}
+    unknown = sorted(set(overrides) - names)
+    if unknown:
+        raise FarmError(
+            f"{name}: unknown parameter(s) {', '.join(unknown)}; parameters: {', '.join(names)}"
+        )
+    values: dict[str, Any] = {}
+    for prm in definition.params:
+        if prm.name in overrides:
+            values[prm.name] = prm.parse(name, overrides[prm.name])
+        elif prm.default is not None:
+            values[prm.name] = prm.default
+        else:
+            raise FarmError(f"{name}: missing parameter {prm.name} (give it as {prm.name}=VALUE)")
+    definition.check(values)
+    return Workload(name, tuple(values.items()))
+
+
+def parse_assignments(items: list[str]) -> dict[str, str]:
+    """Parse CLI `key=value` words into a dict (values stay strings for `make_workload`)."""
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key or not value:
+            raise FarmError(f"parameter {item!r} must look like key=value, e.g. CI=256")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def workload_from_json(doc: Mapping[str, Any]) -> Workload:
+    """Inverse of `Workload.to_json`, validating again."""
+    if not isinstance(doc, Mapping) or "name" not in doc or not isinstance(doc.get("params"), dict):
+        raise FarmError(f"malformed workload {doc!r}: expected {{'name': ..., 'params': {{...}}}}")
+    return make_workload(str(doc["name"]), doc["params"])
