@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import asdict, dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 
-class Status(str, Enum):
+class Status(StrEnum):
     OK = "ok"
     BUILD_ERROR = "build_error"  # the template or the compiler failed
     INVALID = "invalid"  # built, but breaks a device limit (threads, smem, registers)
