@@ -1,0 +1,246 @@
+"""The `farm` command line. Every user error is one line on stderr and exit status 2."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from farm.errors import FarmError
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="A kernel-tuning farm for Apache TVM: tune tensor kernels on CPUs and GPUs, "
+    "store every measurement, export the best configs to your builds.\n\n"
+    "Start with `farm workloads`, then e.g. `farm tune resnet-last-conv --target llvm --trials 64`.",
+)
+console = Console(stderr=True)
+out = Console()
+
+DbOption = Annotated[str | None, typer.Option(
+    "--db", help="Database URL (sqlite:///FILE or postgresql://USER@HOST/DB). "
+    "Default: $FARM_DB, else sqlite:///farm.db.")]
+
+
+def _db_url(db: str | None) -> str:
+    return db or os.environ.get("FARM_DB") or "sqlite:///farm.db"
+
+
+@app.command()
+def workloads(
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
+    """List workloads, their parameters, the presets, and each template's config-space size."""
+    from farm.targets import KINDS, parse_target
+    from farm.task import Task
+    from farm.workloads import PRESETS, WORKLOADS, make_workload
+
+    targets = {kind: parse_target(kind) for kind in KINDS}
+    doc: dict[str, Any] = {"workloads": [], "presets": []}
+    for d in WORKLOADS.values():
+        doc["workloads"].append({
+            "name": d.name, "doc": d.doc,
+            "params": [{"name": p.name, "default": p.default, **({"choices": list(p.choices)} if p.choices else {})}
+                       for p in d.params],
+        })
+    for name, (wl_name, _params, about) in PRESETS.items():
+        wl = make_workload(name)
+        spaces = {}
+        for kind, target in targets.items():
+            task = Task(wl, target)
+            spaces[kind] = {"template": task.template.name, "space_size": task.space.size}
+        doc["presets"].append({"name": name, "workload": wl_name, "params": wl.p, "about": about,
+                               "gflop": wl.flops() / 1e9, "spaces": spaces})
+    if as_json:
+        out.print_json(json.dumps(doc))
+        return
+    table = Table(title="Workloads", show_lines=False)
+    table.add_column("workload")
+    table.add_column("parameters (default)")
+    table.add_column("what")
+    for w in doc["workloads"]:
+        params = ", ".join(p["name"] + ("" if p["default"] is None else f"[{p['default']}]") for p in w["params"])
+        table.add_row(w["name"], params, w["doc"])
+    out.print(table)
+    presets = Table(title="Presets (config-space size per target kind)")
+    for col in ("preset", "workload", "GFLOP", *KINDS):
+        presets.add_column(col)
+    for p in doc["presets"]:
+        presets.add_row(p["name"], p["workload"], f"{p['gflop']:.3f}",
+                        *(f"{p['spaces'][k]['space_size']:,} ({p['spaces'][k]['template']})" for k in KINDS))
+    out.print(presets)
+
+
+@app.command(context_settings={"allow_extra_args": False})
+def tune(
+    workload: Annotated[str, typer.Argument(help="Workload or preset name (see `farm workloads`).")],
+    params: Annotated[list[str] | None, typer.Argument(help="Parameters as key=value, e.g. CI=256 pad=1.")] = None,
+    target: Annotated[str, typer.Option(help='llvm, cuda, or a JSON target like \'{"kind":"cuda","arch":"sm_80"}\'.')]
+    = "llvm",
+    trials: Annotated[int, typer.Option(min=1, help="Number of candidates to measure.")] = 64,
+    db: DbOption = None,
+    workers: Annotated[int | None, typer.Option(
+        min=1, help="Devices to measure on (default: every GPU for cuda, 1 for llvm).")] = None,
+    search: Annotated[str, typer.Option(help="Search strategy: random or grid.")] = "random",
+    export: Annotated[Path | None, typer.Option(help="Write the best config (farm.best/1 JSON) here.")] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the search.")] = 0,
+    batch_size: Annotated[int, typer.Option(min=1, help="Candidates per worker per round.")] = 16,
+    log_dir: Annotated[Path | None, typer.Option(help="Keep the RPC tracker and servers' logs here.")] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log scheduler details.")] = False,
+) -> None:
+    """Tune one kernel end to end on this machine: starts an RPC tracker and servers, measures
+    TRIALS candidates, stores every result in the database, prints and exports the best."""
+    from deploy.local_cluster import LocalCluster, gpu_count
+    from farm.search import STRATEGIES
+    from farm.targets import parse_target
+    from farm.task import Task
+    from farm.workloads import make_workload, parse_assignments
+
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                        format="%(asctime)s %(name)s %(message)s")
+    # Validate everything before anything is written or started.
+    wl = make_workload(workload, parse_assignments(params or []))
+    spec = parse_target(target)
+    task = Task(wl, spec)
+    if search not in STRATEGIES:
+        raise FarmError(f"unknown search {search!r}; choose one of {', '.join(STRATEGIES)}")
+    if export is not None and not (export.parent if str(export.parent) else Path(".")).is_dir():
+        raise FarmError(f"cannot write the export to {export}: folder {export.parent} does not exist")
+    if spec.is_gpu:
+        gpus = gpu_count()
+        if gpus == 0:
+            raise FarmError("no GPU visible here (nvidia-smi lists none): use --target llvm, "
+                            "or run on a machine with an NVIDIA GPU")
+        count = workers or gpus
+    else:
+        count = workers or 1
+    store = _open_store(db)
+
+    job_id = store.create_job(
+        name=f"tune {wl}", spec={"workloads": [wl.to_json()], "target": spec.to_json(), "trials": trials,
+                                 "search": search, "workers": count, "seed": seed},
+        trials_budget=trials, search=search, tasks=[_task_row(task, trials)],
+    )
+    me = f"tune@{socket.gethostname()}:{os.getpid()}"
+    store.claim_job(me, job_id=job_id)
+    console.print(f"job {job_id}: {task} — space of {task.space.size:,} configs "
+                  f"({task.template.name}), {trials} trials on {count} {spec.kind} worker(s)")
+    status, error = "failed", ""
+    try:
+        with LocalCluster(kind=spec.kind, count=count, log_dir=log_dir) as cluster:
+            status = _run_embedded(store, job_id, cluster, count, search, seed, batch_size)
+    except KeyboardInterrupt:
+        status, error = "cancelled", "interrupted"
+        raise
+    except Exception as e:
+        error = f"{type(e).__name__}: {e}"
+        raise
+    finally:
+        store.finish_job(job_id, status, error)
+    _report_best(store, job_id, export)
+
+
+def _task_row(task: Any, budget: int) -> dict[str, Any]:
+    return {
+        "workload": task.workload.to_json(), "workload_key": task.workload.key,
+        "target": task.target.to_json(), "target_kind": task.target.kind,
+        "template": task.template.name, "template_version": task.template.version,
+        "space_size": task.space.size, "budget": budget,
+        "family_key": f"{task.template.name}|{task.target.kind}|{task.workload.name}",
+    }
+
+
+def _open_store(db: str | None) -> Any:
+    from db.store import open_store
+
+    return open_store(_db_url(db))
+
+
+def _run_embedded(store: Any, job_id: int, cluster: Any, count: int, search: str, seed: int,
+                  batch_size: int) -> str:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from scheduler.tuner import LocalWorkerPool, run_job
+    from workers.worker import Worker, WorkerConfig
+
+    build_workers = max(1, (os.cpu_count() or 2) // count)
+    pool = LocalWorkerPool([
+        Worker(WorkerConfig(name=f"local-{i}", tracker=cluster.tracker, key=cluster.key, kind=cluster.kind,
+                            build_workers=build_workers))
+        for i in range(count)
+    ])
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("best {task.fields[best]}"), TextColumn("ok {task.fields[ok]}"), TimeElapsedColumn())
+    ok = 0
+    try:
+        with Progress(*columns, console=console) as bar:
+            ids: dict[int, Any] = {}
+
+            def on_progress(p: Any) -> None:
+                nonlocal ok
+                if p.task_number not in ids:
+                    ids[p.task_number] = bar.add_task(p.task.workload.name, total=p.budget, best="-", ok=0)
+                ok += sum(r.ok for r in p.last)
+                best = "-" if p.best_seconds is None else f"{p.best_seconds * 1e6:.1f} µs"
+                bar.update(ids[p.task_number], completed=p.done, best=best, ok=ok)
+
+            return run_job(store, job_id, pool, search=search, seed=seed, batch_size=batch_size,
+                           on_progress=on_progress)
+    finally:
+        pool.close()
+
+
+def _report_best(store: Any, job_id: int, export: Path | None) -> None:
+    from farm.export import export_document, job_records, write_json_atomic
+
+    records = job_records(store, job_id)
+    counts = store.job(job_id)
+    if not records:
+        console.print(f"job {job_id}: no candidate ran correctly; see `farm trials {job_id}`")
+        raise typer.Exit(1)
+    for rec in records:
+        out.print(f"best for {rec['workload']['name']} on {rec['device']}: "
+                  f"{rec['latency_us']:.2f} µs ({rec['gflops']:.1f} GFLOPS)")
+        out.print(f"  config {json.dumps(rec['config'], sort_keys=True)}")
+    if counts is not None:
+        for t in counts.get("tasks", []):
+            by_status = ", ".join(f"{k} {v}" for k, v in sorted(t.get("counts", {}).items()))
+            out.print(f"  trials: {by_status}")
+    if export is not None:
+        write_json_atomic(export, export_document(records))
+        store.add_export(job_id, "farm", str(export), len(records))
+        out.print(f"exported {len(records)} record(s) to {export}")
+
+
+def main() -> None:
+    """Entry point: run the app, turning FarmError into one line on stderr and exit 2."""
+    try:
+        app(standalone_mode=False)
+    except FarmError as e:
+        print(f"farm: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except typer.Exit as e:
+        sys.exit(e.exit_code)
+    except typer.Abort:
+        print("farm: aborted", file=sys.stderr)
+        sys.exit(130)
+    except KeyboardInterrupt:
+        print("farm: interrupted", file=sys.stderr)
+        sys.exit(130)
+    except Exception as e:  # click's usage errors
+        import click
+
+        if isinstance(e, click.ClickException):
+            print(f"farm: error: {e.format_message()} (see farm --help)", file=sys.stderr)
+            sys.exit(2)
+        raise

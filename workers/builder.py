@@ -1,0 +1,244 @@
+"""The build stage: candidates compiled in a pool of processes into exported libraries.
+
+For cuda, the TVM 0.27 wheel's compiler only emits CUDA source (its module has fmt "cuda");
+the GPU runtime would compile that source when the module is loaded, on the GPU node, and a
+broken kernel would only show there. So the build stage compiles the source itself with
+`nvcc --cubin -arch=<target arch>` on the build node, reads ptxas's resource report, rejects
+kernels that cannot launch (registers x threads over the register file), and ships the cubin
+beside the library; our RPC server (workers.rpc_server) hands that cubin to the runtime
+instead of compiling. TVM's GPU-code verification (threads, shared memory, vthreads) runs
+on the lowered module before any of that.
+
+Every failure is data: a `BuildResult` with a status, never an exception out of `build`.
+A build that hangs or crashes its process is recorded and the pool is replaced.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import hashlib
+import multiprocessing
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from farm.errors import one_line
+from farm.measure import Status
+from farm.task import Task
+
+# nvcc's ptxas report: "Used 72 registers, used 1 barriers, 2368 bytes smem"
+_PTXAS_USAGE = re.compile(r"Used (\d+) registers")
+_PTXAS_SPILL = re.compile(r"(\d+) bytes spill stores")
+
+
+@dataclass
+class BuildResult:
+    """A built candidate (`status` None) or why it could not be built."""
+
+    config_index: int
+    config: dict[str, Any]
+    status: Status | None = None
+    error: str = ""
+    library: str = ""  # exported shared library, loadable by TVM's runtime
+    cubin: str = ""  # cuda: device code compiled on the build node
+    source_sha: str = ""  # cuda: sha256 of the CUDA source the cubin was compiled from
+    build_seconds: float = 0.0
+    info: dict[str, Any] = field(default_factory=dict)  # registers, spills, ...
+
+    @property
+    def ok(self) -> bool:
+        return self.status is None
+
+
+@lru_cache(maxsize=32)
+def _task(task_json: str) -> Task:
+    import json
+
+    return Task.from_json(json.loads(task_json))
+
+
+def build_one(task_json: str, index: int, out_dir: str) -> BuildResult:
+    """Build config `index` of the task into `out_dir` (runs in a pool process)."""
+    start = time.perf_counter()
+    task = _task(task_json)
+    config = task.space.get(index)
+    result = BuildResult(index, config.to_json())
+    try:
+        reason = task.check(config)
+        if reason:
+            result.status, result.error = Status.INVALID, reason
+            return result
+        import tvm
+
+        sch = task.schedule(config)
+        target = task.target.tvm()
+        if task.target.is_gpu:
+            from farm.templates.verify import verify_gpu
+
+            reason = verify_gpu(sch.mod, task.target)
+            if reason:
+                result.status, result.error = Status.INVALID, reason
+                return result
+        lib = tvm.compile(sch.mod, target=target)
+        stem = Path(out_dir) / f"c{index}"
+        if task.target.is_gpu:
+            _compile_device_code(lib, task, stem, result)
+            if not result.ok:
+                return result
+        library = f"{stem}.so"
+        lib.export_library(library)
+        result.library = library
+    except Exception as e:  # a template or compiler failure is this candidate's result
+        result.status = Status.BUILD_ERROR
+        result.error = one_line(e)
+        result.info["traceback"] = traceback.format_exc(limit=4)
+    finally:
+        result.build_seconds = time.perf_counter() - start
+    return result
+
+
+def _compile_device_code(lib: Any, task: Task, stem: Path, result: BuildResult) -> None:
+    """nvcc the CUDA source to a cubin and check it can launch; sets result fields."""
+    source = lib.mod.imports[0].inspect_source("")
+    result.source_sha = hashlib.sha256(source.encode()).hexdigest()
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        # Without nvcc the GPU node's runtime compiles the source at load time (NVRTC).
+        result.info["device_code"] = "deferred to the GPU node: nvcc not found on the build node"
+        return
+    cu, cubin = f"{stem}.cu", f"{stem}.cubin"
+    Path(cu).write_text(source)
+    proc = subprocess.run(
+        [nvcc, "--cubin", f"-arch={task.target.arch}", "-O3", "-Xptxas", "-v", "-o", cubin, cu],
+        capture_output=True, text=True, timeout=120,
+    )
+    if proc.returncode != 0:
+        result.status = Status.BUILD_ERROR
+        result.error = "nvcc: " + _first_error(proc.stderr)
+        return
+    registers = max((int(m) for m in _PTXAS_USAGE.findall(proc.stderr)), default=0)
+    spills = max((int(m) for m in _PTXAS_SPILL.findall(proc.stderr)), default=0)
+    threads = _threads_per_block(source)
+    result.info.update(registers=registers, spill_bytes=spills, threads=threads)
+    # A launch needs registers for every thread of the block from one SM's register file.
+    if registers * threads > task.target.limit("registers_per_block"):
+        result.status = Status.INVALID
+        result.error = (f"{registers} registers x {threads} threads > "
+                        f"{task.target.limit('registers_per_block')} registers per block")
+        return
+    result.cubin = cubin
+
+
+def _threads_per_block(source: str) -> int:
+    """Threads per block from the kernel's __launch_bounds__ (TVM emits it for every kernel)."""
+    found = re.findall(r"__launch_bounds__\((\d+)\)", source)
+    return max((int(x) for x in found), default=1)
+
+
+def _first_error(stderr: str) -> str:
+    for line in stderr.splitlines():
+        if "error" in line:
+            return line.strip()[:400]
+    return stderr.strip().splitlines()[-1][:400] if stderr.strip() else "failed"
+
+
+def _init_pool_process() -> None:
+    # Each compile is single-threaded: the pool provides the parallelism.
+    os.environ.setdefault("TVM_NUM_THREADS", "1")
+
+
+class Builder:
+    """Builds batches of candidates in a process pool.
+
+    `build(task, indices)` returns one BuildResult per index, in order, never raising for a
+    candidate's failure. A candidate exceeding `timeout` seconds is recorded as TIMEOUT; a
+    crash of a pool process (segfault in the compiler) as BUILD_ERROR; the pool is replaced
+    and the other candidates of the batch are built again. Artifacts go to a private
+    temporary directory removed by `close()`.
+    """
+
+    def __init__(self, workers: int | None = None, timeout: float = 60.0) -> None:
+        self.workers = workers or max(1, (os.cpu_count() or 2))
+        self.timeout = timeout
+        self.dir = tempfile.mkdtemp(prefix="farm-build-")
+        self._pool: cf.ProcessPoolExecutor | None = None
+
+    def _executor(self) -> cf.ProcessPoolExecutor:
+        if self._pool is None:
+            # spawn, not fork: forking a process with TVM's thread pool alive can deadlock.
+            self._pool = cf.ProcessPoolExecutor(
+                self.workers, mp_context=multiprocessing.get_context("spawn"),
+                initializer=_init_pool_process,
+            )
+        return self._pool
+
+    def _reset(self) -> None:
+        if self._pool is not None:
+            for proc in list(getattr(self._pool, "_processes", {}).values()):
+                proc.kill()
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+    def submit(self, task: Task, indices: list[int]) -> cf.Future[list[BuildResult]]:
+        """Start building in the background; the future's result is `build`'s."""
+        runner = cf.ThreadPoolExecutor(1)
+        future = runner.submit(self.build, task, indices)
+        runner.shutdown(wait=False)
+        return future
+
+    def build(self, task: Task, indices: list[int]) -> list[BuildResult]:
+        import json
+
+        task_json = json.dumps(task.to_json(), sort_keys=True)
+        results: dict[int, BuildResult] = {}
+        pending, isolate = list(indices), False
+        while pending:
+            # After a crash, build one candidate at a time so the crashing one is found.
+            chunk = pending[:1] if isolate else pending
+            crashed = self._run(task, task_json, chunk, results)
+            if crashed:
+                self._reset()
+                if isolate:
+                    results[chunk[0]] = BuildResult(
+                        chunk[0], task.space.get(chunk[0]).to_json(), Status.BUILD_ERROR,
+                        "the compiler process crashed building this config")
+                isolate = True
+            pending = [i for i in pending if i not in results]
+        return [results[i] for i in indices]
+
+    def _run(self, task: Task, task_json: str, chunk: list[int], results: dict[int, BuildResult]) -> bool:
+        """Build `chunk` in the pool into `results`; True if a pool process crashed."""
+        pool = self._executor()
+        futures = {pool.submit(build_one, task_json, i, self.dir): i for i in chunk}
+        deadline = time.monotonic() + self.timeout * max(1.0, len(chunk) / self.workers)
+        hung = False
+        for future, index in futures.items():
+            try:
+                results[index] = future.result(timeout=max(deadline - time.monotonic(), 1.0))
+            except cf.TimeoutError:
+                results[index] = BuildResult(index, task.space.get(index).to_json(), Status.TIMEOUT,
+                                             f"build took longer than {self.timeout:.0f} s")
+                hung = True
+            except cf.process.BrokenProcessPool:
+                return True
+        if hung:  # its process is still busy: replace the pool
+            self._reset()
+        return False
+
+    def close(self) -> None:
+        self._reset()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> Builder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

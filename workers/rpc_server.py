@@ -1,0 +1,99 @@
+"""The farm's TVM RPC server: TVM's own server plus a cache of prebuilt device code.
+
+    python -m workers.rpc_server --tracker HOST:PORT --key KEY [--port P] [--no-fork]
+
+It is `tvm.rpc.Server` with one addition in every session process: the global function
+`farm.cubin.put(sha256, path)` stores a cubin that the build node compiled from CUDA source
+with that hash, and `tvm_callback_cuda_compile` (which TVM's CUDA runtime calls when it
+loads a module holding only source) returns it instead of compiling on the GPU node.
+Sources it was not given are compiled as TVM would (NVRTC, or nvcc with
+TVM_CUDA_COMPILE_MODE=nvcc). A stock `tvm.exec.rpc_server` works with the farm too: it
+just compiles every kernel itself at load time.
+
+TVM serves each session in a child process (spawned with --no-fork, which CUDA needs: a
+forked process fails its first allocation). If that child crashes, TVM's server loop
+raises and the server process ends; this launcher restarts it, so one bad kernel never
+takes the device out of the farm.
+
+SECURITY: an RPC server runs whatever module it is sent. Bind it to a private network only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import logging
+import time
+from pathlib import Path
+
+log = logging.getLogger("farm.rpc_server")
+
+_CUBINS: dict[str, bytes] = {}
+
+
+def _put_cubin(sha: str, path: str) -> None:
+    _CUBINS[sha] = Path(path).read_bytes()
+
+
+def _cuda_compile(code: str, *args: object) -> bytes:
+    sha = hashlib.sha256(code.encode()).hexdigest()
+    if sha in _CUBINS:
+        return _CUBINS[sha]
+    from tvm.support import nvcc
+
+    return nvcc.tvm_callback_cuda_compile(code)
+
+
+def _register() -> None:
+    import tvm_ffi
+
+    tvm_ffi.register_global_func("farm.cubin.put", _put_cubin, override=True)
+    tvm_ffi.register_global_func("tvm_callback_cuda_compile", _cuda_compile, override=True)
+
+
+def serve_loop(sock: object, load_library: object, work_path: object) -> None:
+    """TVM's session loop (tvm.rpc.server._serve_loop) with the farm's functions registered.
+
+    It is a module-level function so that a spawned session process imports this module.
+    """
+    from tvm.rpc import server
+
+    _register()
+    server._server_env(load_library, work_path)
+    server._ffi_api.ServerLoop(sock.fileno())  # type: ignore[attr-defined]
+
+
+def _install() -> None:
+    """Runs in the server process before it serves: route sessions through `serve_loop`."""
+    from tvm.rpc import server
+
+    server._serve_loop = serve_loop
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (keep it private)")
+    parser.add_argument("--port", type=int, default=9091, help="first port to try")
+    parser.add_argument("--port-end", type=int, default=9999, help="last port to try")
+    parser.add_argument("--tracker", required=True, help="RPC tracker as HOST:PORT")
+    parser.add_argument("--key", required=True, help="device key to register under")
+    parser.add_argument("--no-fork", action="store_true", help="spawn session processes (CUDA)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+
+    from tvm import rpc
+
+    host, port = args.tracker.rsplit(":", 1)
+    while True:
+        server = rpc.Server(
+            args.host, args.port, args.port_end, key=args.key, tracker_addr=(host, int(port)),
+            no_fork=args.no_fork, server_init_callback=_install, silent=True,
+        )
+        log.info("serving key %s on %s:%d", args.key, args.host, server.port)
+        server.proc.join()
+        log.warning("RPC server for key %s ended (a session crashed); restarting", args.key)
+        time.sleep(0.5)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,200 @@
+"""The measure stage: built candidates run on a device through TVM RPC.
+
+`RPCRunner` keeps one RPC session open across candidates (stock MetaSchedule opens one per
+candidate: 4.4 s each on an H200, mostly spawning the session process), uploads each task's
+inputs once per session, and for every candidate: uploads the library (and its prebuilt
+cubin), loads it, poisons the output with NaN, runs it once and checks the output against
+the NumPy reference, then times it with TVM's `time_evaluator`.
+
+Failures are data: a launch error, a server crash, a wrong output or a hang each become a
+MeasureResult with a status, and the runner reconnects for the next candidate. A candidate
+that runs past `timeout` is abandoned with its session; the server's `session_timeout`
+ends the hung session process on the device side, and `on_hang` lets an owner of the
+server restart it sooner.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from farm.errors import one_line
+from farm.measure import MeasureResult, Status
+from farm.task import Task
+from workers.builder import BuildResult
+
+log = logging.getLogger("farm.runner")
+
+
+@dataclass(frozen=True)
+class EvaluatorConfig:
+    """TVM time_evaluator settings: `repeat` timings, each the mean of `number` runs, where
+    `number` grows until one timing lasts `min_repeat_ms` (TVM's semantics)."""
+
+    number: int = 10
+    repeat: int = 3
+    min_repeat_ms: int = 50
+
+    @classmethod
+    def for_target(cls, kind: str) -> EvaluatorConfig:
+        # CPU kernels are slow and the CI machine has 2 cores: fewer, shorter timings.
+        return cls(number=3, repeat=3, min_repeat_ms=10) if kind == "llvm" else cls()
+
+
+class _Session:
+    """One open RPC session with the task inputs already on its device."""
+
+    def __init__(self, sess: Any, kind: str) -> None:
+        self.sess = sess
+        self.dev = sess.cuda(0) if kind == "cuda" else sess.cpu(0)
+        self.opened = time.monotonic()
+        self.inputs: dict[str, list[Any]] = {}
+        try:
+            self.put_cubin = sess.get_function("farm.cubin.put")
+        except Exception:  # a stock TVM server: it compiles device code itself
+            self.put_cubin = None
+        self.workpath = sess.get_function("tvm.rpc.server.workpath")
+
+    @property
+    def device_name(self) -> str:
+        try:
+            name = self.dev.device_name
+        except Exception:
+            name = None
+        return str(name) if name else f"{self.dev}"
+
+
+class RPCRunner:
+    """Measures candidates of tasks on the device registered under `key` with a tracker."""
+
+    def __init__(
+        self,
+        tracker: tuple[str, int],
+        key: str,
+        kind: str,
+        evaluator: EvaluatorConfig | None = None,
+        timeout: float = 10.0,
+        session_timeout: float = 120.0,
+        on_hang: Callable[[], None] | None = None,
+    ) -> None:
+        self.tracker, self.key, self.kind = tracker, key, kind
+        self.evaluator = evaluator or EvaluatorConfig.for_target(kind)
+        self.timeout, self.session_timeout = timeout, session_timeout
+        self.on_hang = on_hang
+        self._session: _Session | None = None
+        self._references: dict[str, tuple[list[np.ndarray], np.ndarray, float]] = {}
+        self.sessions_opened = 0
+
+    # --- sessions ---------------------------------------------------------------------
+
+    def _open(self) -> _Session:
+        from tvm import rpc
+
+        tracker = rpc.connect_tracker(*self.tracker)
+        sess = tracker.request(self.key, priority=1, session_timeout=self.session_timeout, max_retry=60)
+        self.sessions_opened += 1
+        return _Session(sess, self.kind)
+
+    def session(self) -> _Session:
+        """The open session, renewed before the server's session timeout could end it."""
+        s = self._session
+        if s is not None and time.monotonic() - s.opened > self.session_timeout - 3 * self.timeout:
+            self.close()
+            s = None
+        if s is None:
+            s = self._session = self._open()
+        return s
+
+    def close(self) -> None:
+        self._session = None  # dropping the last reference closes the connection
+
+    # --- measuring --------------------------------------------------------------------
+
+    def _reference(self, task: Task) -> tuple[list[np.ndarray], np.ndarray, float]:
+        if task.key not in self._references:
+            inputs = task.workload.random_inputs(seed=0)
+            self._references[task.key] = (inputs, task.workload.reference(inputs), task.workload.tolerance())
+        return self._references[task.key]
+
+    def measure(self, task: Task, builds: list[BuildResult]) -> list[MeasureResult]:
+        """One MeasureResult per build, in order; build failures pass through as results."""
+        return [self.measure_one(task, b) for b in builds]
+
+    def measure_one(self, task: Task, build: BuildResult) -> MeasureResult:
+        result = MeasureResult(build.config_index, build.config, Status.OK, build_seconds=build.build_seconds)
+        if not build.ok:
+            result.status, result.error = build.status or Status.BUILD_ERROR, build.error
+            return result
+        start = time.perf_counter()
+        box: dict[str, Any] = {}
+
+        def work() -> None:
+            try:
+                box["value"] = self._run(task, build, result)
+            except Exception as e:  # the session or the kernel failed: record it
+                box["error"] = e
+
+        thread = threading.Thread(target=work, daemon=True, name="farm-measure")
+        thread.start()
+        thread.join(self.timeout)
+        result.run_seconds = time.perf_counter() - start
+        if thread.is_alive():
+            result.status, result.error = Status.TIMEOUT, f"ran longer than {self.timeout:.0f} s"
+            log.warning("candidate %d of %s hung; dropping the session", build.config_index, task)
+            self.close()
+            if self.on_hang:
+                self.on_hang()
+        elif "error" in box:
+            result.status, result.error = Status.RUNTIME_ERROR, one_line(box["error"])
+            self.close()  # the session may be dead (crashed kernel): reconnect next time
+        return result
+
+    def _run(self, task: Task, build: BuildResult, result: MeasureResult) -> None:
+        import tvm
+
+        s = self.session()
+        result.device = s.device_name
+        if task.key not in s.inputs:
+            inputs, _, _ = self._reference(task)
+            s.inputs[task.key] = [tvm.runtime.tensor(x, s.dev) for x in inputs]
+        args = s.inputs[task.key]
+        _, expected, tolerance = self._reference(task)
+
+        name = Path(build.library).name
+        s.sess.upload(build.library, name)
+        if build.cubin and s.put_cubin is not None:
+            cubin = Path(build.cubin).name
+            s.sess.upload(build.cubin, cubin)
+            s.put_cubin(build.source_sha, s.workpath(cubin))
+        module = s.sess.load_module(name)
+        poisoned = np.full(expected.shape, np.nan, dtype=expected.dtype)
+        out = tvm.runtime.tensor(poisoned, s.dev)
+        module["main"](*args, out)
+        s.dev.sync()
+        error = _relative_error(out.numpy(), expected)
+        if not error <= tolerance:  # NaN (unwritten output) fails too
+            result.status = Status.WRONG_RESULT
+            result.error = f"relative error {error:.3g} > {tolerance:g}"
+            return
+        ev = self.evaluator
+        timer = module.time_evaluator("main", s.dev, number=ev.number, repeat=ev.repeat,
+                                      min_repeat_ms=ev.min_repeat_ms)
+        result.latencies = [float(x) for x in timer(*args, out).results]
+        s.sess.remove(name)
+        if build.cubin and s.put_cubin is not None:
+            s.sess.remove(Path(build.cubin).name)
+
+
+def _relative_error(got: np.ndarray, expected: np.ndarray) -> float:
+    g, e = got.astype(np.float64), expected.astype(np.float64)
+    if not np.all(np.isfinite(g)):
+        return float("nan")
+    denom = float(np.linalg.norm(e)) or 1.0
+    return float(np.linalg.norm(g - e)) / denom

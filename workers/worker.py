@@ -1,0 +1,68 @@
+"""A worker: one device's build pool and RPC runner, pipelined so the device never waits.
+
+`Worker.process(task, indices)` builds the candidates in chunks on this node's CPUs and
+measures each chunk on the device while the next chunk compiles. The same class runs
+in-process (the embedded `farm tune`) and inside a Ray actor (scheduler.ray_workers).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from farm.measure import MeasureResult
+from farm.task import Task
+from workers.builder import Builder
+from workers.runner import EvaluatorConfig, RPCRunner
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """How a worker reaches its device and how it builds and measures."""
+
+    name: str
+    tracker: tuple[str, int]
+    key: str
+    kind: str
+    build_workers: int | None = None
+    build_timeout: float = 60.0
+    run_timeout: float = 10.0
+    session_timeout: float = 120.0
+    evaluator: EvaluatorConfig | None = None
+
+
+class Worker:
+    """Builds and measures batches of one task's candidates on one device."""
+
+    def __init__(self, config: WorkerConfig, on_hang: Callable[[], None] | None = None) -> None:
+        self.config = config
+        self.builder = Builder(config.build_workers, config.build_timeout)
+        self.runner = RPCRunner(
+            config.tracker, config.key, config.kind, config.evaluator,
+            timeout=config.run_timeout, session_timeout=config.session_timeout, on_hang=on_hang,
+        )
+        self.busy_seconds = 0.0  # time spent measuring (device busy), for utilisation metrics
+
+    def process(self, task: Task, indices: list[int], shard: int = 0, round_: int = 0) -> list[MeasureResult]:
+        """Build and measure `indices`; one result per index, in order."""
+        chunk = max(1, self.builder.workers * 2)
+        chunks = [indices[i:i + chunk] for i in range(0, len(indices), chunk)]
+        results: list[MeasureResult] = []
+        pending = self.builder.submit(task, chunks[0]) if chunks else None
+        for i in range(len(chunks)):
+            assert pending is not None
+            builds = pending.result()
+            # Start compiling the next chunk before measuring this one.
+            pending = self.builder.submit(task, chunks[i + 1]) if i + 1 < len(chunks) else None
+            start = time.perf_counter()
+            measured = self.runner.measure(task, builds)
+            self.busy_seconds += time.perf_counter() - start
+            for r in measured:
+                r.worker, r.shard, r.round = self.config.name, shard, round_
+            results.extend(measured)
+        return results
+
+    def close(self) -> None:
+        self.runner.close()
+        self.builder.close()
