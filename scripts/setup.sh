@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Installs what the farm needs on this machine: a virtual environment in .venv with the
+# pinned dependencies and the farm itself (editable). Re-running is cheap: the install is
+# skipped while pyproject.toml is unchanged.  Usage: source scripts/setup.sh [--with-postgres]
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+PY=${PYTHON:-python3}
+if ! "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+  echo "setup: Python >= 3.11 is needed (found $("$PY" --version 2>&1)); set PYTHON=/path/to/python3.11" >&2
+  exit 2
+fi
+[[ -x .venv/bin/python ]] || "$PY" -m venv .venv
+STAMP=.venv/.farm-installed
+WANT=$(sha256sum pyproject.toml | cut -d' ' -f1)
+if [[ ! -f $STAMP || "$(cat "$STAMP")" != "$WANT" ]]; then
+  echo "setup: installing dependencies into .venv (first time: about a minute)" >&2
+  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q -e '.[dev]'
+  echo "$WANT" > "$STAMP"
+fi
+
+ensure_postgres() {
+  # The tests talk to a real PostgreSQL on 127.0.0.1:5432 (trust auth, user postgres).
+  if pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; then return 0; fi
+  if ! command -v pg_ctlcluster >/dev/null 2>&1; then
+    echo "setup: installing PostgreSQL (Debian package)" >&2
+    if [[ $(id -u) -ne 0 ]]; then echo "setup: need root to apt-get install postgresql" >&2; exit 2; fi
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
+  fi
+  local version
+  version=$(ls /etc/postgresql | sort -V | tail -n 1)
+  pg_ctlcluster --skip-systemctl-redirect "$version" main start || true
+  for _ in $(seq 30); do pg_isready -q -h 127.0.0.1 -p 5432 && return 0; sleep 1; done
+  echo "setup: PostgreSQL did not come up on 127.0.0.1:5432" >&2
+  exit 2
+}
+
+if [[ "${1:-}" == "--with-postgres" ]]; then ensure_postgres; fi
