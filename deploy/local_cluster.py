@@ -2,7 +2,8 @@
 
 `farm tune` with no cluster starts one of these: a tracker on a free loopback port and one
 `workers.rpc_server` per device (CPU: `count` servers measuring llvm kernels; cuda: one per
-GPU, pinned with CUDA_VISIBLE_DEVICES and run with --no-fork). Everything binds to
+GPU, pinned with CUDA_VISIBLE_DEVICES and run with --no-fork), each under its own key
+(`keys[i]`) so that each worker owns one device. Everything binds to
 127.0.0.1: an RPC server executes whatever it is sent. `stop()` (or leaving the `with`
 block) ends every process it started.
 """
@@ -60,6 +61,11 @@ class LocalCluster:
         self.key = self.key or f"farm-{self.kind}-{os.getpid()}"
 
     @property
+    def keys(self) -> list[str]:
+        """The RPC key of each server (device)."""
+        return [f"{self.key}-{i}" for i in range(self.count)]
+
+    @property
     def tracker(self) -> tuple[str, int]:
         return (self.host, self.port)
 
@@ -78,9 +84,11 @@ class LocalCluster:
         self.port = self.port or free_port()
         self._spawn(["tvm.exec.rpc_tracker", "--host", self.host, "--port", str(self.port),
                      "--port-end", str(self.port + 1), "--silent"], "tracker")
+        self._wait_for_port(self.port, timeout)
         for i in range(self.count):
-            args = ["workers.rpc_server", "--tracker", f"{self.host}:{self.port}", "--key", self.key,
-                    "--host", self.host, "--port", str(free_port())]
+            port = free_port()
+            args = ["workers.rpc_server", "--tracker", f"{self.host}:{self.port}", "--key", self.keys[i],
+                    "--host", self.host, "--port", str(port), "--port-end", str(port + 100)]
             env = None
             if self.kind == "cuda":
                 args.append("--no-fork")
@@ -88,6 +96,15 @@ class LocalCluster:
             self._spawn(args, f"server{i}", env)
         self.wait_for_servers(timeout)
         return self
+
+    def _wait_for_port(self, port: int, timeout: float) -> None:
+        # Servers started before the tracker listens retry only every 5 s.
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with socket.socket() as s:
+                if s.connect_ex((self.host, port)) == 0:
+                    return
+            time.sleep(0.1)
 
     def wait_for_servers(self, timeout: float) -> None:
         from tvm import rpc
@@ -102,7 +119,7 @@ class LocalCluster:
                                     f"(run with --log-dir to see its log)")
             try:
                 summary = rpc.connect_tracker(self.host, self.port).summary()
-                free = sum(q["free"] for k, q in summary["queue_info"].items() if k == self.key)
+                free = sum(q["free"] for k, q in summary["queue_info"].items() if k in self.keys)
                 if free >= self.count:
                     return
                 last = f"{free}/{self.count} servers registered"
@@ -111,6 +128,20 @@ class LocalCluster:
             time.sleep(0.3)
         self.stop()
         raise FarmError(f"local RPC servers did not start within {timeout:.0f} s ({last})")
+
+    def kill_sessions(self, server: int) -> None:
+        """End server `server`'s session processes (a hung kernel); the server restarts."""
+        import psutil
+
+        try:
+            children = psutil.Process(self.procs[server + 1].pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return
+        for child in children:
+            try:
+                child.kill()
+            except psutil.NoSuchProcess:
+                pass
 
     def stop(self) -> None:
         for proc in self.procs:

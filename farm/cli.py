@@ -175,8 +175,8 @@ def _run_embedded(store: Any, job_id: int, cluster: Any, count: int, search: str
 
     build_workers = max(1, (os.cpu_count() or 2) // count)
     pool = LocalWorkerPool([
-        Worker(WorkerConfig(name=f"local-{i}", tracker=cluster.tracker, key=cluster.key, kind=cluster.kind,
-                            build_workers=build_workers))
+        Worker(WorkerConfig(name=f"local-{i}", tracker=cluster.tracker, key=cluster.keys[i], kind=cluster.kind,
+                            build_workers=build_workers), on_hang=lambda i=i: cluster.kill_sessions(i))
         for i in range(count)
     ])
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),

@@ -11,9 +11,10 @@ TVM_CUDA_COMPILE_MODE=nvcc). A stock `tvm.exec.rpc_server` works with the farm t
 just compiles every kernel itself at load time.
 
 TVM serves each session in a child process (spawned with --no-fork, which CUDA needs: a
-forked process fails its first allocation). If that child crashes, TVM's server loop
-raises and the server process ends; this launcher restarts it, so one bad kernel never
-takes the device out of the farm.
+forked process fails its first allocation). If that child crashes, TVM's listen loop
+raises and its thread ends, leaving a server that never accepts again; here the crash is
+logged and the server goes on accepting, and should the server process end anyway this
+launcher restarts it, so one bad kernel never takes the device out of the farm.
 
 SECURITY: an RPC server runs whatever module it is sent. Bind it to a private network only.
 """
@@ -25,6 +26,7 @@ import hashlib
 import logging
 import time
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger("farm.rpc_server")
 
@@ -64,10 +66,25 @@ def serve_loop(sock: object, load_library: object, work_path: object) -> None:
 
 
 def _install() -> None:
-    """Runs in the server process before it serves: route sessions through `serve_loop`."""
+    """Runs in the server process before it serves: route sessions through `serve_loop`
+    and keep serving after a session process crashed."""
+    import os
+
     from tvm.rpc import server
 
+    serving = server._serving
+
+    def serving_survives_crashes(sock: Any, addr: Any, opts: Any, load_library: Any) -> None:
+        cwd = os.getcwd()
+        try:
+            serving(sock, addr, opts, load_library)
+        except RuntimeError as e:  # "Child process ... exited unsuccessfully"
+            log.warning("session from %s crashed: %s", addr, e)
+            os.chdir(cwd)
+            sock.close()
+
     server._serve_loop = serve_loop
+    server._serving = serving_survives_crashes
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -118,10 +118,11 @@ class RPCRunner:
     # --- measuring --------------------------------------------------------------------
 
     def _reference(self, task: Task) -> tuple[list[np.ndarray], np.ndarray, float]:
-        if task.key not in self._references:
+        key = task.workload.key  # inputs and reference depend on the workload alone
+        if key not in self._references:
             inputs = task.workload.random_inputs(seed=0)
-            self._references[task.key] = (inputs, task.workload.reference(inputs), task.workload.tolerance())
-        return self._references[task.key]
+            self._references[key] = (inputs, task.workload.reference(inputs), task.workload.tolerance())
+        return self._references[key]
 
     def measure(self, task: Task, builds: list[BuildResult]) -> list[MeasureResult]:
         """One MeasureResult per build, in order; build failures pass through as results."""
@@ -137,9 +138,10 @@ class RPCRunner:
 
         def work() -> None:
             try:
-                box["value"] = self._run(task, build, result)
+                self._run(task, build, result)
             except Exception as e:  # the session or the kernel failed: record it
-                box["error"] = e
+                # Keep only the text: the exception's frames would keep the session open.
+                box["error"] = one_line(e)
 
         thread = threading.Thread(target=work, daemon=True, name="farm-measure")
         thread.start()
@@ -152,7 +154,7 @@ class RPCRunner:
             if self.on_hang:
                 self.on_hang()
         elif "error" in box:
-            result.status, result.error = Status.RUNTIME_ERROR, one_line(box["error"])
+            result.status, result.error = Status.RUNTIME_ERROR, box["error"]
             self.close()  # the session may be dead (crashed kernel): reconnect next time
         return result
 
@@ -161,10 +163,11 @@ class RPCRunner:
 
         s = self.session()
         result.device = s.device_name
-        if task.key not in s.inputs:
+        key = task.workload.key
+        if key not in s.inputs:
             inputs, _, _ = self._reference(task)
-            s.inputs[task.key] = [tvm.runtime.tensor(x, s.dev) for x in inputs]
-        args = s.inputs[task.key]
+            s.inputs[key] = [tvm.runtime.tensor(x, s.dev) for x in inputs]
+        args = s.inputs[key]
         _, expected, tolerance = self._reference(task)
 
         name = Path(build.library).name

@@ -1,0 +1,97 @@
+"""The measure stage against a real TVM RPC tracker and server: results, and failures as data."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from deploy.local_cluster import LocalCluster
+from farm.measure import Status
+from farm.targets import parse_target
+from farm.task import Task
+from farm.workloads import make_workload
+from workers.builder import BuildResult
+from workers.runner import RPCRunner
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    with LocalCluster(kind="llvm", count=1, log_dir=tmp_path_factory.mktemp("rpc-logs")) as c:
+        yield c
+
+
+def _export(tmp: Path, name: str, size: int, offset: float = 0.0) -> BuildResult:
+    """A matmul library built straight from TE (unscheduled loops), adding `offset` to C."""
+    import tvm
+    from tvm import te
+
+    a = te.placeholder((size, size), name="A")
+    b = te.placeholder((size, size), name="B")
+    k = te.reduce_axis((0, size), name="k")
+    c = te.compute((size, size), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="C")
+    out = te.compute((size, size), lambda i, j: c[i, j] + offset, name="out")
+    lib = tvm.compile(tvm.IRModule({"main": te.create_prim_func([a, b, out])}), target=parse_target("llvm").tvm())
+    path = tmp / f"{name}.so"
+    lib.export_library(str(path))
+    return BuildResult(0, {}, library=str(path))
+
+
+def _matmul(size: int) -> Task:
+    return Task(make_workload("matmul", {"M": size, "N": size, "K": size}), parse_target("llvm"))
+
+
+def _runner(cluster: LocalCluster, **kw: Any) -> RPCRunner:
+    return RPCRunner(cluster.tracker, cluster.keys[0], "llvm", on_hang=lambda: cluster.kill_sessions(0), **kw)
+
+
+def test_correct_kernels_share_one_session(cluster: LocalCluster, tmp_path: Path) -> None:
+    runner = _runner(cluster)
+    task = _matmul(32)
+    results = runner.measure(task, [_export(tmp_path, f"ok{i}", 32) for i in range(4)])
+    assert [r.status for r in results] == [Status.OK] * 4, [r.error for r in results]
+    for r in results:
+        assert len(r.latencies) == runner.evaluator.repeat and r.latency and r.latency > 0
+        assert r.device
+    assert runner.sessions_opened == 1
+
+
+def test_wrong_output_is_recorded(cluster: LocalCluster, tmp_path: Path) -> None:
+    runner = _runner(cluster)
+    (r,) = runner.measure(_matmul(32), [_export(tmp_path, "off", 32, offset=1.0)])
+    assert r.status is Status.WRONG_RESULT and "relative error" in r.error
+    assert r.latencies == []
+
+
+def test_build_failures_pass_through(cluster: LocalCluster) -> None:
+    runner = _runner(cluster)
+    failed = BuildResult(7, {"x": 1}, Status.BUILD_ERROR, "nvcc: error", build_seconds=0.5)
+    (r,) = runner.measure(_matmul(32), [failed])
+    assert (r.status, r.error, r.config_index, r.build_seconds) == (Status.BUILD_ERROR, "nvcc: error", 7, 0.5)
+    assert runner.sessions_opened == 0
+
+
+def test_crashing_kernel_is_recorded_and_the_run_goes_on(cluster: LocalCluster, tmp_path: Path) -> None:
+    src = tmp_path / "boom.c"
+    src.write_text("#include <stdlib.h>\n__attribute__((constructor)) static void boom(void) { abort(); }\n")
+    lib = tmp_path / "boom.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
+    runner = _runner(cluster)
+    task = _matmul(32)
+    crash, after = runner.measure(task, [BuildResult(1, {}, library=str(lib)), _export(tmp_path, "after", 32)])
+    assert crash.status is Status.RUNTIME_ERROR, crash
+    assert after.status is Status.OK, after.error
+
+
+def test_hanging_kernel_times_out_and_the_run_goes_on(cluster: LocalCluster, tmp_path: Path) -> None:
+    runner = _runner(cluster, timeout=1.0)
+    slow, after = runner.measure(_matmul(1024), [_export(tmp_path, "slow", 1024)])[0], None
+    assert slow.status is Status.TIMEOUT, slow
+    runner.timeout = 30.0
+    (after,) = runner.measure(_matmul(32), [_export(tmp_path, "after", 32)])
+    assert after.status is Status.OK, after.error
