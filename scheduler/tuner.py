@@ -1,9 +1,9 @@
 """The tuning loop of one job: shard each task's space over the workers and run rounds.
 
-Per round, every worker's shard proposes a batch (its search strategy, never a config
-already measured), the workers build and measure their batches in parallel, and the results
-are written to the store in batches. A worker whose shard has nothing left takes configs
-from another shard. The loop stops at each task's budget exactly, when the space is
+Every worker's shard proposes batches (its search strategy, never a config already
+measured); each worker has one batch running and one queued, the workers build and measure
+in parallel, and the results are written to the store in batches. A worker whose shard has
+nothing left takes configs from another shard. The loop stops at each task's budget exactly, when the space is
 exhausted, or when the job is cancelled. A job's budget is spread over its tasks when the
 job is created (`split_budget`).
 """
@@ -17,11 +17,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from farm.measure import MeasureResult
+from farm.errors import one_line
+from farm.measure import MeasureResult, Status
 from farm.search import SearchStrategy, make_search
 from farm.task import Task
 
 log = logging.getLogger("farm.scheduler")
+
+# Batches queued per worker: one running, one waiting behind it, so a device never idles
+# while the scheduler writes results and proposes (Kernel Tuner's parallel runner does the same).
+QUEUE_DEPTH = 2
 
 
 class WorkerPool(Protocol):
@@ -89,9 +94,13 @@ def _run_task(store: Any, writer: Any, job_id: int, row: dict[str, Any], task: T
               search: str, seed: int, batch_size: int,
               report: Callable[[int, float | None, list[MeasureResult]], None],
               stall_seconds: float) -> str:
+    """Keep every worker busy with up to QUEUE_DEPTH batches until the budget is spent.
+
+    A round closes each time `pool.size * batch_size` results have arrived: the writer is
+    flushed and the round recorded (the model-guided search retrains there).
+    """
     task_id, budget = row["id"], row["budget"]
-    shards = task.space.shards(pool.size)
-    strategies: list[SearchStrategy] = [make_search(search, task, s, seed) for s in shards]
+    strategies: list[SearchStrategy] = [make_search(search, task, s, seed) for s in task.space.shards(pool.size)]
     measured = store.measured_indices(task_id)
     for strategy in strategies:
         strategy.mark_measured(measured)
@@ -99,50 +108,68 @@ def _run_task(store: Any, writer: Any, job_id: int, row: dict[str, Any], task: T
     best = min((b["latency"] for b in store.best(task_id, 1)), default=None)
     round_ = len(store.rounds(task_id))
     report(done, best, [])
-    while done < budget:
-        if store.job_status(job_id) == "cancelled":
-            return "cancelled"
-        sizes = split_budget(min(budget - done, pool.size * batch_size), pool.size)
-        batches = _propose(strategies, sizes)
-        if not any(batches):
-            log.info("task %s: space exhausted after %d trials", task, done)
+    inflight: dict[cf.Future[list[MeasureResult]], tuple[int, int, list[int]]] = {}
+    queued = [0] * pool.size
+    exhausted = cancelled = False
+    since_round = 0
+    while True:
+        if not cancelled and not exhausted:
+            for worker in range(pool.size):
+                while queued[worker] < QUEUE_DEPTH:
+                    left = budget - done - sum(len(i) for _, _, i in inflight.values())
+                    if left <= 0:
+                        break
+                    shard, indices = _propose(strategies, worker, min(batch_size, left))
+                    if not indices:
+                        exhausted = True
+                        log.info("task %s: space exhausted after %d trials", task, done)
+                        break
+                    inflight[pool.submit(worker, task, indices, shard, round_)] = (worker, shard, indices)
+                    queued[worker] += 1
+        if not inflight:
             break
-        futures = {pool.submit(w, task, idx, shard, round_): (w, shard)
-                   for w, (shard, idx) in enumerate(batches) if idx}
-        pending = set(futures)
-        while pending:
-            finished, pending = cf.wait(pending, timeout=stall_seconds, return_when=cf.FIRST_COMPLETED)
-            if not finished:  # the watchdog: say so, keep waiting (a hang becomes a timeout result)
-                log.warning("round %d of %s: no batch finished in %.0f s (%d still running)",
-                            round_, task, stall_seconds, len(pending))
-            for future in finished:
-                results = future.result()
-                _, shard = futures[future]
-                for r in results:
-                    writer.add(task_id, r)
-                strategies[shard].observe(results)
-                done += len(results)
-                best = _best(best, results)
-                report(done, best, results)
-        writer.flush()
-        store.add_round(task_id, round_, done, best)
-        round_ += 1
-    return "done"
+        finished, _ = cf.wait(list(inflight), timeout=stall_seconds, return_when=cf.FIRST_COMPLETED)
+        if not finished:  # the watchdog: say so and keep waiting (a hang ends as a timeout result)
+            log.warning("task %s: no batch finished in %.0f s (%d running)", task, stall_seconds, len(inflight))
+            continue
+        for future in finished:
+            worker, shard, indices = inflight.pop(future)
+            queued[worker] -= 1
+            results = _results(future, task, indices, shard, round_)
+            for r in results:
+                writer.add(task_id, r)
+            strategies[shard].observe(results)
+            done += len(results)
+            since_round += len(results)
+            best = _best(best, results)
+            report(done, best, results)
+        cancelled = cancelled or store.job_status(job_id) == "cancelled"
+        if since_round >= pool.size * batch_size or not inflight:
+            writer.flush()
+            store.add_round(task_id, round_, done, best)
+            round_, since_round = round_ + 1, 0
+    return "cancelled" if cancelled else "done"
 
 
-def _propose(strategies: list[SearchStrategy], sizes: list[int]) -> list[tuple[int, list[int]]]:
-    """Per worker: (shard, indices). A worker whose shard ran dry proposes from another."""
-    out = []
-    for worker, n in enumerate(sizes):
-        shard, indices = worker, strategies[worker].propose(n) if n else []
-        if n and not indices:  # work stealing: the first shard that still has configs
-            for other, strategy in enumerate(strategies):
-                indices = strategy.propose(n)
-                if indices:
-                    shard = other
-                    break
-        out.append((shard, indices))
-    return out
+def _results(future: cf.Future[list[MeasureResult]], task: Task, indices: list[int], shard: int,
+             round_: int) -> list[MeasureResult]:
+    """The batch's results; a worker that failed as a whole yields a runtime error per config."""
+    try:
+        return future.result()
+    except Exception as e:
+        log.warning("a worker failed on a batch of %s: %s", task, one_line(e))
+        return [MeasureResult(i, task.space.get(i).to_json(), Status.RUNTIME_ERROR, f"worker failed: {one_line(e)}",
+                              shard=shard, round=round_) for i in indices]
+
+
+def _propose(strategies: list[SearchStrategy], worker: int, n: int) -> tuple[int, list[int]]:
+    """(shard, indices) for `worker`: its own shard, else (work stealing) the first shard with
+    configs left. No indices when every shard is exhausted."""
+    for shard in [worker, *range(len(strategies))]:
+        indices = strategies[shard].propose(n)
+        if indices:
+            return shard, indices
+    return worker, []
 
 
 def _best(best: float | None, results: list[MeasureResult]) -> float | None:
@@ -153,11 +180,12 @@ def _best(best: float | None, results: list[MeasureResult]) -> float | None:
 
 
 class LocalWorkerPool:
-    """Workers in this process, one thread each (the embedded `farm tune`)."""
+    """Workers in this process (the embedded `farm tune` without Ray)."""
 
     def __init__(self, workers: list[Any]) -> None:
         self.workers = workers
-        self._threads = cf.ThreadPoolExecutor(len(workers), thread_name_prefix="farm-worker")
+        # QUEUE_DEPTH threads per worker: the queued batch compiles while the running one measures.
+        self._threads = cf.ThreadPoolExecutor(QUEUE_DEPTH * len(workers), thread_name_prefix="farm-worker")
         self.started = time.monotonic()
 
     @property

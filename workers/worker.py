@@ -1,12 +1,15 @@
 """A worker: one device's build pool and RPC runner, pipelined so the device never waits.
 
 `Worker.process(task, indices)` builds the candidates in chunks on this node's CPUs and
-measures each chunk on the device while the next chunk compiles. The same class runs
-in-process (the embedded `farm tune`) and inside a Ray actor (scheduler.ray_workers).
+measures each chunk on the device while the next chunk compiles. It is thread-safe: two
+batches processed at once compile concurrently, but only one measures at a time (a shared
+device would distort both timings). The same class runs in-process (the embedded
+`farm tune`) and inside a Ray actor.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,6 +46,7 @@ class Worker:
             timeout=config.run_timeout, session_timeout=config.session_timeout, on_hang=on_hang,
         )
         self.busy_seconds = 0.0  # time spent measuring (device busy), for utilisation metrics
+        self._device = threading.Lock()
 
     def process(self, task: Task, indices: list[int], shard: int = 0, round_: int = 0) -> list[MeasureResult]:
         """Build and measure `indices`; one result per index, in order."""
@@ -55,9 +59,10 @@ class Worker:
             builds = pending.result()
             # Start compiling the next chunk before measuring this one.
             pending = self.builder.submit(task, chunks[i + 1]) if i + 1 < len(chunks) else None
-            start = time.perf_counter()
-            measured = self.runner.measure(task, builds)
-            self.busy_seconds += time.perf_counter() - start
+            with self._device:
+                start = time.perf_counter()
+                measured = self.runner.measure(task, builds)
+                self.busy_seconds += time.perf_counter() - start
             for r in measured:
                 r.worker, r.shard, r.round = self.config.name, shard, round_
             results.extend(measured)
