@@ -3,6 +3,7 @@
     python -m workers.rpc_server --tracker HOST:PORT --key KEY [--port P] [--no-fork]
 
 It is `tvm.rpc.Server` with one addition in every session process: the global function
+`farm.device.name(kind)` says what the device is, and
 `farm.cubin.put(sha256, path)` stores a cubin that the build node compiled from CUDA source
 with that hash, and `tvm_callback_cuda_compile` (which TVM's CUDA runtime calls when it
 loads a module holding only source) returns it instead of compiling on the GPU node.
@@ -46,10 +47,30 @@ def _cuda_compile(code: str, *args: object) -> bytes:
     return nvcc.tvm_callback_cuda_compile(code)
 
 
+def _device_name(kind: str) -> str:
+    """What the device is, e.g. "NVIDIA H200" or "CPU AMD EPYC 9354 32-Core Processor (node7)"."""
+    import socket
+
+    import tvm
+
+    if kind == "cuda":
+        return str(tvm.cuda(0).device_name)
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"CPU {model or 'unknown'} ({socket.gethostname()})"
+
+
 def _register() -> None:
     import tvm_ffi
 
     tvm_ffi.register_global_func("farm.cubin.put", _put_cubin, override=True)
+    tvm_ffi.register_global_func("farm.device.name", _device_name, override=True)
     tvm_ffi.register_global_func("tvm_callback_cuda_compile", _cuda_compile, override=True)
 
 

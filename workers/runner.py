@@ -51,24 +51,25 @@ class EvaluatorConfig:
 class _Session:
     """One open RPC session with the task inputs already on its device."""
 
-    def __init__(self, sess: Any, kind: str) -> None:
+    def __init__(self, sess: Any, kind: str, key: str) -> None:
         self.sess = sess
         self.dev = sess.cuda(0) if kind == "cuda" else sess.cpu(0)
         self.opened = time.monotonic()
         self.inputs: dict[str, list[Any]] = {}
+        self.workpath = sess.get_function("tvm.rpc.server.workpath")
         try:
             self.put_cubin = sess.get_function("farm.cubin.put")
+            self.device_name = str(sess.get_function("farm.device.name")(kind))
         except Exception:  # a stock TVM server: it compiles device code itself
             self.put_cubin = None
-        self.workpath = sess.get_function("tvm.rpc.server.workpath")
+            self.device_name = self._stock_device_name(key)
 
-    @property
-    def device_name(self) -> str:
+    def _stock_device_name(self, key: str) -> str:
         try:
             name = self.dev.device_name
         except Exception:
             name = None
-        return str(name) if name else f"{self.dev}"
+        return str(name) if name else f"{self.dev} ({key})"
 
 
 class RPCRunner:
@@ -100,7 +101,7 @@ class RPCRunner:
         tracker = rpc.connect_tracker(*self.tracker)
         sess = tracker.request(self.key, priority=1, session_timeout=self.session_timeout, max_retry=60)
         self.sessions_opened += 1
-        return _Session(sess, self.kind)
+        return _Session(sess, self.kind, self.key)
 
     def session(self) -> _Session:
         """The open session, renewed before the server's session timeout could end it."""
