@@ -1,0 +1,675 @@
+"""Where jobs, tasks, trials, rounds and cost models live: the `ResultStore` interface.
+
+`open_store(url)` is the one factory: it migrates the database to the current schema and
+returns an `SQLResultStore`, which serves SQLite and Postgres alike.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import pandas as pd
+from sqlalchemy import Connection, Engine, Row, Select, func, insert, select, update
+from sqlalchemy.exc import IntegrityError
+
+from db.engine import dialect_insert, for_writing, make_engine, resolve_url
+from db.migrate import upgrade
+from db.models import (
+    CostModelRecord,
+    ExportRecord,
+    JobRecord,
+    JobStatus,
+    RoundRecord,
+    TaskRecord,
+    TrialRecord,
+    WorkerRecord,
+    utcnow,
+)
+from db.writer import ResultWriter
+from farm.errors import FarmError
+from farm.measure import Status
+
+_JOBS = JobRecord.__table__
+_TASKS = TaskRecord.__table__
+_TRIALS = TrialRecord.__table__
+_ROUNDS = RoundRecord.__table__
+_MODELS = CostModelRecord.__table__
+_EXPORTS = ExportRecord.__table__
+_WORKERS = WorkerRecord.__table__
+
+TASK_KEYS = (
+    "workload",
+    "workload_key",
+    "target",
+    "target_kind",
+    "template",
+    "template_version",
+    "space_size",
+    "budget",
+    "family_key",
+)
+TRIAL_COLUMNS = (
+    "task_id",
+    "workload_key",
+    "config_index",
+    "config",
+    "status",
+    "error",
+    "latency",
+    "latencies",
+    "build_seconds",
+    "run_seconds",
+    "device",
+    "worker",
+    "shard",
+    "round",
+    "created_at",
+)
+_FINISHED = (JobStatus.DONE, JobStatus.FAILED, JobStatus.CANCELLED)
+_ACTIVE = (JobStatus.QUEUED, JobStatus.RUNNING)
+# Concurrent save_model calls for one family may pick the same next version on Postgres;
+# the unique (family_key, version) constraint rejects all but one, and the others retry.
+_SAVE_MODEL_ATTEMPTS = 5
+
+
+class ResultStore(ABC):
+    """The farm's persistent state: jobs, their tasks, measured trials, rounds, cost models.
+
+    Contract:
+
+    - A store owns its engine and connection pool, built from its URL on first use.
+    - Thread safety: every call checks out its own connection and runs in its own
+      transaction, so threads of one process may share a store (the pool bounds how many
+      talk to the database at once). Give each process its own store.
+    - Pickling: a pickled store carries only its URL and pool settings, never its engine,
+      and the copy builds a fresh engine on first use. That is how a store is passed into
+      Ray actors. A store used after ``fork`` also rebuilds its engine rather than share
+      the parent's connections.
+    - Every method that changes several rows does so atomically.
+    - Trials are immutable and unique per (task, config_index); they are written through
+      `writer()`, which batches them.
+    - Timestamps are timezone-aware UTC datetimes; latencies are in seconds.
+    - Dicts returned have the table's column names as keys.
+    """
+
+    url: str
+
+    # Jobs -------------------------------------------------------------------------------
+
+    @abstractmethod
+    def create_job(
+        self, name: str, spec: dict[str, Any], trials_budget: int, search: str, tasks: list[dict[str, Any]]
+    ) -> int:
+        """Create a queued job and its tasks in one transaction; return the job's id.
+
+        `spec` is the request as submitted (JSON). Each task dict has exactly the keys of
+        `TASK_KEYS`; ValueError if a key is missing or unknown, or `tasks` is empty.
+        """
+
+    @abstractmethod
+    def claim_job(self, scheduler_id: str, job_id: int | None = None) -> int | None:
+        """Atomically take the oldest queued job (or job `job_id`) for `scheduler_id`; mark it running.
+
+        Returns its id, or None when no job is queued (or `job_id` is not). Concurrent
+        claimers, in any number of processes, never get the same job. `job_id` serves a
+        client that runs the job it just submitted itself (``farm tune``).
+        """
+
+    @abstractmethod
+    def heartbeat(self, job_id: int, scheduler_id: str) -> bool:
+        """Record that `scheduler_id` is still working on `job_id`.
+
+        Returns False when the job is no longer running under this scheduler (it was
+        cancelled, finished, or claimed by another): the scheduler should stop working on it.
+        """
+
+    @abstractmethod
+    def finish_job(self, job_id: int, status: str, error: str = "") -> bool:
+        """Mark a queued or running job done, failed or cancelled, with `error` (text).
+
+        Returns False, changing nothing, if the job had already finished: a job cancelled
+        while it ran stays cancelled. ValueError for any other `status`.
+        """
+
+    @abstractmethod
+    def cancel_job(self, job_id: int) -> bool:
+        """Cancel a queued or running job; False if there is no such active job.
+
+        A running job's scheduler learns of it from `heartbeat`.
+        """
+
+    @abstractmethod
+    def job(self, job_id: int) -> dict[str, Any] | None:
+        """The job's row, plus ``tasks`` (see `tasks`) and ``trials`` (its total); None if absent.
+
+        Each task dict also has ``counts`` ({trial status: number}), ``trials`` (its total)
+        and ``best_latency`` (seconds, None before an ok trial).
+        """
+
+    @abstractmethod
+    def jobs(self, limit: int = 50) -> list[dict[str, Any]]:
+        """The newest `limit` jobs, newest first: each one's row plus ``trials`` (its total)."""
+
+    @abstractmethod
+    def job_status(self, job_id: int) -> str:
+        """The job's status (a `JobStatus` value); FarmError if there is no such job."""
+
+    @abstractmethod
+    def tasks(self, job_id: int) -> list[dict[str, Any]]:
+        """The job's task rows in creation order."""
+
+    # Trials -----------------------------------------------------------------------------
+
+    @abstractmethod
+    def measured_indices(self, task_id: int) -> set[int]:
+        """Config indices of the task that have a trial, whatever its status."""
+
+    @abstractmethod
+    def trial_count(self, task_id: int) -> int:
+        """Number of trials of the task."""
+
+    @abstractmethod
+    def trials(self, job_id: int | None = None, task_id: int | None = None) -> pd.DataFrame:
+        """Trials in the order they were stored, of one job, one task, or all.
+
+        One row per trial with the columns `TRIAL_COLUMNS`: config and latencies as stored
+        (dict and list), latency NaN unless the trial is ok.
+        """
+
+    @abstractmethod
+    def best(self, task_id: int, k: int = 1) -> list[dict[str, Any]]:
+        """The task's `k` fastest ok trials, fastest first (keys: `TRIAL_COLUMNS`)."""
+
+    @abstractmethod
+    def writer(self, batch_size: int = 256, flush_seconds: float | None = 0.5) -> ResultWriter:
+        """A new `ResultWriter` on this store's database; close it (or use ``with``) when done."""
+
+    # Rounds and cost models -------------------------------------------------------------
+
+    @abstractmethod
+    def add_round(
+        self,
+        task_id: int,
+        round: int,
+        trials: int,
+        best_latency: float | None,
+        rank_corr: float | None = None,
+        model_id: int | None = None,
+    ) -> None:
+        """Record the task's state after `round`; recording a round again replaces it
+        (a scheduler that resumes a job may repeat its last round)."""
+
+    @abstractmethod
+    def rounds(self, task_id: int) -> list[dict[str, Any]]:
+        """The task's round rows in round order."""
+
+    @abstractmethod
+    def save_model(
+        self,
+        family_key: str,
+        task_id: int | None,
+        model: bytes,
+        feature_names: Sequence[str],
+        training_rows: int,
+        training_seconds: float,
+    ) -> int:
+        """Store a trained cost model as the family's next version; return its id.
+
+        `model` is XGBoost's UBJSON (``Booster.save_raw("ubj")``), never a pickle.
+        """
+
+    @abstractmethod
+    def latest_model(self, family_key: str) -> dict[str, Any] | None:
+        """The family's newest model row (``model`` as bytes), None if it has none."""
+
+    @abstractmethod
+    def set_model_rank_corr(self, model_id: int, value: float) -> None:
+        """Record how well the model ranked the next round's configs; KeyError if absent."""
+
+    @abstractmethod
+    def trials_for_family(self, family_key: str, limit: int | None = None) -> pd.DataFrame:
+        """Trials of every task of the family, to train or transfer a cost model.
+
+        Columns: `TRIAL_COLUMNS` plus ``params`` (the task's workload parameters). With
+        `limit`, only the newest `limit` trials. In the order they were stored.
+        """
+
+    # Exports and workers ----------------------------------------------------------------
+
+    @abstractmethod
+    def add_export(self, job_id: int, format: str, path: str, records: int) -> int:
+        """Record that `records` best configs of the job were exported to `path`; return its id."""
+
+    @abstractmethod
+    def register_worker(self, name: str, host: str, device: str, rpc_key: str, status: str = "idle") -> int:
+        """Register (or re-register, after a restart) the worker `name`; return its id."""
+
+    @abstractmethod
+    def worker_seen(self, name: str, status: str) -> None:
+        """Record the worker's status and that it was just heard from; KeyError if unregistered."""
+
+    @abstractmethod
+    def workers(self) -> list[dict[str, Any]]:
+        """The worker rows, by name."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Close the store's connections; a later call opens new ones."""
+
+
+class SQLResultStore(ResultStore):
+    """A `ResultStore` in a SQL database: SQLite (embedded) or Postgres (cluster).
+
+    Dialect differences stay inside: SQLite write transactions take the database's write
+    lock at BEGIN (BEGIN IMMEDIATE), Postgres claims jobs with FOR UPDATE SKIP LOCKED.
+    It assumes the schema is current: use `open_store`, which migrates first.
+    """
+
+    def __init__(
+        self, url: str | None = None, *, pool_size: int | None = None, max_overflow: int | None = None
+    ) -> None:
+        """`url` as for `make_engine`; resolved now, so a pickled copy opens the same database.
+
+        FarmError for an in-memory SQLite database, which other connections cannot see.
+        """
+        resolved = resolve_url(url)
+        if resolved.get_backend_name() == "sqlite" and resolved.database in (None, "", ":memory:"):
+            raise FarmError("an in-memory SQLite database cannot hold the farm's results: use sqlite:///PATH")
+        self.url = resolved.render_as_string(hide_password=False)
+        self._pool_size = pool_size
+        self._max_overflow = max_overflow
+        self._init_engine_state()
+
+    def _init_engine_state(self) -> None:
+        self._engine: Engine | None = None
+        self._writing: Engine | None = None
+        self._pid = 0
+        self._engine_lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"url": self.url, "pool_size": self._pool_size, "max_overflow": self._max_overflow}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.url = state["url"]
+        self._pool_size = state["pool_size"]
+        self._max_overflow = state["max_overflow"]
+        self._init_engine_state()
+
+    def __repr__(self) -> str:
+        return f"SQLResultStore({resolve_url(self.url).render_as_string(hide_password=True)!r})"
+
+    @property
+    def engine(self) -> Engine:
+        """The store's engine, built on first use in this process."""
+        return self._engines()[0]
+
+    def _engines(self) -> tuple[Engine, Engine]:
+        with self._engine_lock:
+            if self._engine is not None and self._pid != os.getpid():
+                # Forked: the parent's connections are not ours to use, nor to close.
+                self._engine.dispose(close=False)
+                self._engine = None
+            if self._engine is None:
+                self._engine = make_engine(self.url, pool_size=self._pool_size, max_overflow=self._max_overflow)
+                self._writing = for_writing(self._engine)
+                self._pid = os.getpid()
+            assert self._writing is not None
+            return self._engine, self._writing
+
+    @contextmanager
+    def _read(self) -> Iterator[Connection]:
+        with self._engines()[0].begin() as connection:
+            yield connection
+
+    @contextmanager
+    def _write(self) -> Iterator[Connection]:
+        with self._engines()[1].begin() as connection:
+            yield connection
+
+    def close(self) -> None:
+        with self._engine_lock:
+            if self._engine is not None and self._pid == os.getpid():
+                self._engine.dispose()
+            self._engine = self._writing = None
+
+    # Jobs -------------------------------------------------------------------------------
+
+    def create_job(
+        self, name: str, spec: dict[str, Any], trials_budget: int, search: str, tasks: list[dict[str, Any]]
+    ) -> int:
+        if not tasks:
+            raise ValueError("a job needs at least one task")
+        rows = [_task_row(task) for task in tasks]
+        now = utcnow()
+        with self._write() as connection:
+            job_id = connection.execute(
+                insert(_JOBS).values(
+                    name=name,
+                    status=JobStatus.QUEUED.value,
+                    spec=spec,
+                    trials_budget=trials_budget,
+                    search=search,
+                    created_at=now,
+                    error="",
+                )
+            ).inserted_primary_key[0]
+            connection.execute(insert(_TASKS), [{**row, "job_id": job_id, "created_at": now} for row in rows])
+        return int(job_id)
+
+    def claim_job(self, scheduler_id: str, job_id: int | None = None) -> int | None:
+        # One statement on both dialects. On Postgres the subquery locks the row it picks and
+        # skips rows other claimers hold; SQLite renders no FOR UPDATE, and BEGIN IMMEDIATE
+        # makes claims run one at a time instead. status = 'queued' is checked again on update.
+        target: Any = job_id
+        if job_id is None:
+            target = (
+                select(_JOBS.c.id)
+                .where(_JOBS.c.status == JobStatus.QUEUED.value)
+                .order_by(_JOBS.c.id)
+                .limit(1)
+                .with_for_update(skip_locked=True)
+                .scalar_subquery()
+            )
+        now = utcnow()
+        claim = (
+            update(_JOBS)
+            .where(_JOBS.c.id == target, _JOBS.c.status == JobStatus.QUEUED.value)
+            .values(status=JobStatus.RUNNING.value, claimed_by=scheduler_id, started_at=now, heartbeat_at=now)
+            .returning(_JOBS.c.id)
+        )
+        with self._write() as connection:
+            return connection.execute(claim).scalar_one_or_none()
+
+    def heartbeat(self, job_id: int, scheduler_id: str) -> bool:
+        statement = (
+            update(_JOBS)
+            .where(
+                _JOBS.c.id == job_id,
+                _JOBS.c.claimed_by == scheduler_id,
+                _JOBS.c.status == JobStatus.RUNNING.value,
+            )
+            .values(heartbeat_at=utcnow())
+        )
+        with self._write() as connection:
+            return connection.execute(statement).rowcount == 1
+
+    def finish_job(self, job_id: int, status: str, error: str = "") -> bool:
+        if status not in _FINISHED:
+            raise ValueError(f"finish_job: status must be one of {', '.join(_FINISHED)}, got {status!r}")
+        return self._finish(job_id, JobStatus(status), error)
+
+    def cancel_job(self, job_id: int) -> bool:
+        return self._finish(job_id, JobStatus.CANCELLED, "")
+
+    def _finish(self, job_id: int, status: JobStatus, error: str) -> bool:
+        statement = (
+            update(_JOBS)
+            .where(_JOBS.c.id == job_id, _JOBS.c.status.in_([s.value for s in _ACTIVE]))
+            .values(status=status.value, error=error, finished_at=utcnow())
+        )
+        with self._write() as connection:
+            return connection.execute(statement).rowcount == 1
+
+    def job(self, job_id: int) -> dict[str, Any] | None:
+        with self._read() as connection:
+            row = connection.execute(select(_JOBS).where(_JOBS.c.id == job_id)).first()
+            if row is None:
+                return None
+            tasks = [_dict(task) for task in connection.execute(_tasks_of(job_id))]
+            stats = connection.execute(
+                select(_TRIALS.c.task_id, _TRIALS.c.status, func.count(), func.min(_TRIALS.c.latency))
+                .where(_TRIALS.c.task_id.in_(select(_TASKS.c.id).where(_TASKS.c.job_id == job_id)))
+                .group_by(_TRIALS.c.task_id, _TRIALS.c.status)
+            ).all()
+        by_task: dict[int, dict[str, Any]] = {
+            task["id"]: {"counts": {}, "trials": 0, "best_latency": None} for task in tasks
+        }
+        for task_id, status, count, fastest in stats:
+            summary = by_task[task_id]
+            summary["counts"][status] = count
+            summary["trials"] += count
+            if status == Status.OK.value and fastest is not None:
+                summary["best_latency"] = fastest
+        for task in tasks:
+            task.update(by_task[task["id"]])
+        return {**_dict(row), "tasks": tasks, "trials": sum(task["trials"] for task in tasks)}
+
+    def jobs(self, limit: int = 50) -> list[dict[str, Any]]:
+        counts = (
+            select(_TASKS.c.job_id, func.count(_TRIALS.c.id).label("trials"))
+            .join(_TRIALS, _TRIALS.c.task_id == _TASKS.c.id)
+            .group_by(_TASKS.c.job_id)
+            .subquery()
+        )
+        statement = (
+            select(_JOBS, func.coalesce(counts.c.trials, 0).label("trials"))
+            .outerjoin(counts, counts.c.job_id == _JOBS.c.id)
+            .order_by(_JOBS.c.id.desc())
+            .limit(limit)
+        )
+        with self._read() as connection:
+            return [_dict(row) for row in connection.execute(statement)]
+
+    def job_status(self, job_id: int) -> str:
+        with self._read() as connection:
+            status = connection.execute(select(_JOBS.c.status).where(_JOBS.c.id == job_id)).scalar()
+        if status is None:
+            raise FarmError(f"no job {job_id} in {self!r}; `farm jobs` lists the jobs")
+        return status
+
+    def tasks(self, job_id: int) -> list[dict[str, Any]]:
+        with self._read() as connection:
+            return [_dict(row) for row in connection.execute(_tasks_of(job_id))]
+
+    # Trials -----------------------------------------------------------------------------
+
+    def measured_indices(self, task_id: int) -> set[int]:
+        with self._read() as connection:
+            return set(connection.execute(select(_TRIALS.c.config_index).where(_TRIALS.c.task_id == task_id)).scalars())
+
+    def trial_count(self, task_id: int) -> int:
+        with self._read() as connection:
+            return connection.execute(
+                select(func.count()).select_from(_TRIALS).where(_TRIALS.c.task_id == task_id)
+            ).scalar_one()
+
+    def trials(self, job_id: int | None = None, task_id: int | None = None) -> pd.DataFrame:
+        statement = _trials_select()
+        if job_id is not None:
+            statement = statement.where(_TASKS.c.job_id == job_id)
+        if task_id is not None:
+            statement = statement.where(_TRIALS.c.task_id == task_id)
+        with self._read() as connection:
+            rows = connection.execute(statement.order_by(_TRIALS.c.id)).all()
+        return _frame(rows, TRIAL_COLUMNS)
+
+    def best(self, task_id: int, k: int = 1) -> list[dict[str, Any]]:
+        statement = (
+            _trials_select()
+            .where(
+                _TRIALS.c.task_id == task_id,
+                _TRIALS.c.status == Status.OK.value,
+                _TRIALS.c.latency.is_not(None),
+            )
+            .order_by(_TRIALS.c.latency, _TRIALS.c.id)
+            .limit(k)
+        )
+        with self._read() as connection:
+            return [_dict(row) for row in connection.execute(statement)]
+
+    def writer(self, batch_size: int = 256, flush_seconds: float | None = 0.5) -> ResultWriter:
+        return ResultWriter(self.engine, batch_size=batch_size, flush_seconds=flush_seconds)
+
+    # Rounds and cost models -------------------------------------------------------------
+
+    def add_round(
+        self,
+        task_id: int,
+        round: int,
+        trials: int,
+        best_latency: float | None,
+        rank_corr: float | None = None,
+        model_id: int | None = None,
+    ) -> None:
+        engine = self.engine
+        values = {"trials": trials, "best_latency": best_latency, "rank_corr": rank_corr, "model_id": model_id}
+        statement = (
+            dialect_insert(engine, _ROUNDS)
+            .values(task_id=task_id, round=round, created_at=utcnow(), **values)
+            .on_conflict_do_update(index_elements=["task_id", "round"], set_=values)
+        )
+        with self._write() as connection:
+            connection.execute(statement)
+
+    def rounds(self, task_id: int) -> list[dict[str, Any]]:
+        statement = select(_ROUNDS).where(_ROUNDS.c.task_id == task_id).order_by(_ROUNDS.c.round)
+        with self._read() as connection:
+            return [_dict(row) for row in connection.execute(statement)]
+
+    def save_model(
+        self,
+        family_key: str,
+        task_id: int | None,
+        model: bytes,
+        feature_names: Sequence[str],
+        training_rows: int,
+        training_seconds: float,
+    ) -> int:
+        next_version = (
+            select(func.coalesce(func.max(_MODELS.c.version), 0) + 1)
+            .where(_MODELS.c.family_key == family_key)
+            .scalar_subquery()
+        )
+        statement = insert(_MODELS).values(
+            family_key=family_key,
+            task_id=task_id,
+            version=next_version,
+            model=bytes(model),
+            feature_names=list(feature_names),
+            training_rows=training_rows,
+            training_seconds=training_seconds,
+            created_at=utcnow(),
+        )
+        attempt = 1
+        while True:
+            try:
+                with self._write() as connection:
+                    return int(connection.execute(statement).inserted_primary_key[0])
+            except IntegrityError:
+                if attempt == _SAVE_MODEL_ATTEMPTS:
+                    raise
+                attempt += 1
+
+    def latest_model(self, family_key: str) -> dict[str, Any] | None:
+        statement = (
+            select(_MODELS).where(_MODELS.c.family_key == family_key).order_by(_MODELS.c.version.desc()).limit(1)
+        )
+        with self._read() as connection:
+            row = connection.execute(statement).first()
+        if row is None:
+            return None
+        found = _dict(row)
+        found["model"] = bytes(found["model"])  # some drivers return a memoryview
+        return found
+
+    def set_model_rank_corr(self, model_id: int, value: float) -> None:
+        statement = update(_MODELS).where(_MODELS.c.id == model_id).values(rank_corr=value)
+        with self._write() as connection:
+            if connection.execute(statement).rowcount != 1:
+                raise KeyError(f"no cost model {model_id}")
+
+    def trials_for_family(self, family_key: str, limit: int | None = None) -> pd.DataFrame:
+        statement = (
+            _trials_select()
+            .add_columns(_TASKS.c.workload)
+            .where(_TASKS.c.family_key == family_key)
+            .order_by(_TRIALS.c.id.desc())
+            .limit(limit)
+        )
+        with self._read() as connection:
+            rows = connection.execute(statement).all()
+        rows.reverse()
+        frame = _frame([row[:-1] for row in rows], TRIAL_COLUMNS)
+        frame["params"] = [row.workload["params"] for row in rows]
+        return frame
+
+    # Exports and workers ----------------------------------------------------------------
+
+    def add_export(self, job_id: int, format: str, path: str, records: int) -> int:
+        statement = insert(_EXPORTS).values(
+            job_id=job_id, format=format, path=path, records=records, created_at=utcnow()
+        )
+        with self._write() as connection:
+            return int(connection.execute(statement).inserted_primary_key[0])
+
+    def register_worker(self, name: str, host: str, device: str, rpc_key: str, status: str = "idle") -> int:
+        now = utcnow()
+        values = {
+            "host": host,
+            "device": device,
+            "rpc_key": rpc_key,
+            "status": status,
+            "started_at": now,
+            "last_seen_at": now,
+        }
+        statement = (
+            dialect_insert(self.engine, _WORKERS)
+            .values(name=name, **values)
+            .on_conflict_do_update(index_elements=["name"], set_=values)
+            .returning(_WORKERS.c.id)
+        )
+        with self._write() as connection:
+            return int(connection.execute(statement).scalar_one())
+
+    def worker_seen(self, name: str, status: str) -> None:
+        statement = update(_WORKERS).where(_WORKERS.c.name == name).values(status=status, last_seen_at=utcnow())
+        with self._write() as connection:
+            if connection.execute(statement).rowcount != 1:
+                raise KeyError(f"no worker named {name!r}; register_worker first")
+
+    def workers(self) -> list[dict[str, Any]]:
+        with self._read() as connection:
+            return [_dict(row) for row in connection.execute(select(_WORKERS).order_by(_WORKERS.c.name))]
+
+
+def open_store(url: str | None = None) -> ResultStore:
+    """The store at `url` (None: ``$FARM_DB``, else ``sqlite:///farm.db``), schema migrated to head.
+
+    Raises FarmError, with one line saying what to do, if the database cannot be opened.
+    """
+    store = SQLResultStore(url)
+    upgrade(store.engine)
+    return store
+
+
+def _task_row(task: dict[str, Any]) -> dict[str, Any]:
+    missing = [key for key in TASK_KEYS if key not in task]
+    unknown = sorted(set(task) - set(TASK_KEYS))
+    if missing or unknown:
+        raise ValueError(f"task dict: missing keys {missing}, unknown keys {unknown}; expected {TASK_KEYS}")
+    return {key: task[key] for key in TASK_KEYS}
+
+
+def _tasks_of(job_id: int) -> Select[Any]:
+    return select(_TASKS).where(_TASKS.c.job_id == job_id).order_by(_TASKS.c.id)
+
+
+def _trials_select() -> Select[Any]:
+    columns = [_TASKS.c.workload_key if name == "workload_key" else _TRIALS.c[name] for name in TRIAL_COLUMNS]
+    return select(*columns).join_from(_TRIALS, _TASKS, _TRIALS.c.task_id == _TASKS.c.id)
+
+
+def _dict(row: Row[Any]) -> dict[str, Any]:
+    return dict(row._mapping)
+
+
+def _frame(rows: Sequence[Row[Any]] | Sequence[tuple[Any, ...]], columns: Sequence[str]) -> pd.DataFrame:
+    frame = pd.DataFrame([tuple(row) for row in rows], columns=list(columns))
+    # A column of None (no ok trial yet) would otherwise be of dtype object.
+    frame["latency"] = frame["latency"].astype("float64")
+    return frame

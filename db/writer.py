@@ -1,0 +1,183 @@
+"""Batched, idempotent writes of measurement results: `ResultWriter`."""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import threading
+from datetime import datetime
+from types import TracebackType
+from typing import Any
+
+from sqlalchemy import Engine, Text, cast, func, select
+
+from db.engine import dialect_insert, for_writing
+from db.models import TaskRecord, TrialRecord, utcnow
+from farm.measure import MeasureResult, Status
+
+# Postgres channel on which every flush that stored trials announces the ids of their jobs.
+NOTIFY_CHANNEL = "farm_trials"
+# Rows per INSERT statement: 500 rows x 15 columns stays far below SQLite's limit of
+# 32766 bound parameters (Postgres allows 65535). A flush may run several, in one transaction.
+_ROWS_PER_STATEMENT = 500
+
+_TRIALS = TrialRecord.__table__
+_TASKS = TaskRecord.__table__
+log = logging.getLogger(__name__)
+
+
+def trial_row(task_id: int, result: MeasureResult, created_at: datetime) -> dict[str, Any]:
+    """The `trials` row for `result`; `latency` is the median of the repeats, only when ok."""
+    status = Status(result.status)  # also accepts the plain string, and rejects unknown ones
+    latencies = [float(value) for value in result.latencies]
+    return {
+        "task_id": int(task_id),
+        "config_index": int(result.config_index),
+        "config": result.config,
+        "status": status.value,
+        "error": result.error,
+        "latencies": latencies,
+        "latency": statistics.median(latencies) if status is Status.OK and latencies else None,
+        "build_seconds": float(result.build_seconds),
+        "run_seconds": float(result.run_seconds),
+        "device": result.device,
+        "worker": result.worker,
+        "shard": int(result.shard),
+        "round": int(result.round),
+        "created_at": created_at,
+    }
+
+
+class ResultWriter:
+    """Buffers measurement results and stores them in batches, one transaction per flush.
+
+    Contract:
+
+    - `add` only appends to a buffer, except that the `add` which fills it to `batch_size`
+      rows flushes them in the caller's thread.
+    - With `flush_seconds`, a daemon thread (started by the first `add`) flushes whatever
+      waits every `flush_seconds`, so a slow producer's results still arrive promptly.
+    - Idempotent: ``INSERT ... ON CONFLICT (task_id, config_index) DO NOTHING``. A config
+      already stored, by this writer or another, is skipped; retrying a batch is safe.
+    - A failed flush keeps its rows, in order, for the next one: `flush` and `close` raise
+      the error, the background thread logs it and tries again at its next tick.
+    - On Postgres, a flush that stored rows sends ``NOTIFY farm_trials, '<job id>'`` for each
+      job concerned, in the same transaction, so listeners hear only of committed rows.
+    - Thread-safe: producers and the background thread share it. Not picklable: create it
+      in the process that produces the results (`ResultStore.writer`).
+    """
+
+    def __init__(self, engine: Engine, batch_size: int = 256, flush_seconds: float | None = 0.5) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if flush_seconds is not None and flush_seconds <= 0:
+            raise ValueError(f"flush_seconds must be > 0 or None, got {flush_seconds}")
+        self.batch_size = batch_size
+        self.flush_seconds = flush_seconds
+        self._engine = for_writing(engine)
+        self._rows: list[dict[str, Any]] = []
+        self._inserted = 0
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._lock = threading.Lock()  # guards the buffer and the fields above
+        # Flushes run one at a time, so that when flush() returns, every row added before
+        # it was called is stored, even rows another thread's flush had already taken.
+        self._flush_lock = threading.Lock()
+
+    @property
+    def pending(self) -> int:
+        """Rows added but not yet stored."""
+        with self._lock:
+            return len(self._rows)
+
+    @property
+    def inserted(self) -> int:
+        """Rows this writer has stored so far, by any flush (duplicates not counted)."""
+        with self._lock:
+            return self._inserted
+
+    def add(self, task_id: int, result: MeasureResult) -> None:
+        """Buffer `result` of task `task_id`; flush if the buffer holds `batch_size` rows.
+
+        Raises RuntimeError after `close`, ValueError for an unknown status.
+        """
+        row = trial_row(task_id, result, utcnow())
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("ResultWriter.add after close")
+            self._rows.append(row)
+            full = len(self._rows) >= self.batch_size
+            if self.flush_seconds is not None and self._thread is None:
+                self._thread = threading.Thread(target=self._flush_periodically, name="farm-result-writer", daemon=True)
+                self._thread.start()
+        if full:
+            self.flush()
+
+    def flush(self) -> int:
+        """Store every buffered row in one transaction; return how many were new."""
+        with self._flush_lock:
+            with self._lock:
+                rows, self._rows = self._rows, []
+            if not rows:
+                return 0
+            try:
+                inserted = self._insert(rows)
+            except BaseException:
+                with self._lock:
+                    self._rows[:0] = rows
+                raise
+            with self._lock:
+                self._inserted += inserted
+            return inserted
+
+    def close(self) -> None:
+        """Stop the background thread and flush. Later `add`s raise; calling it again retries."""
+        with self._lock:
+            self._closed = True
+            thread = self._thread
+        self._stop.set()
+        if thread is not None:
+            thread.join()
+        self.flush()
+
+    def __enter__(self) -> ResultWriter:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        # Flush even when the block failed: what was measured before the failure is valid.
+        self.close()
+
+    def _insert(self, rows: list[dict[str, Any]]) -> int:
+        inserted = 0
+        with self._engine.begin() as connection:
+            for start in range(0, len(rows), _ROWS_PER_STATEMENT):
+                statement = (
+                    dialect_insert(self._engine, _TRIALS)
+                    .values(rows[start : start + _ROWS_PER_STATEMENT])
+                    .on_conflict_do_nothing(index_elements=["task_id", "config_index"])
+                )
+                inserted += connection.execute(statement).rowcount
+            if inserted and connection.dialect.name == "postgresql":
+                task_ids = sorted({row["task_id"] for row in rows})
+                jobs = select(_TASKS.c.job_id).where(_TASKS.c.id.in_(task_ids)).distinct().subquery()
+                connection.execute(select(func.pg_notify(NOTIFY_CHANNEL, cast(jobs.c.job_id, Text))))
+        return inserted
+
+    def _flush_periodically(self) -> None:
+        assert self.flush_seconds is not None
+        while not self._stop.wait(self.flush_seconds):
+            try:
+                self.flush()
+            except Exception:
+                log.warning(
+                    "storing %d results failed; retrying in %g s",
+                    self.pending,
+                    self.flush_seconds,
+                    exc_info=True,
+                )
