@@ -65,7 +65,7 @@ def workloads(
         out.print_json(json.dumps(doc))
         return
     table = Table(title="Workloads", show_lines=False)
-    table.add_column("workload")
+    table.add_column("workload", no_wrap=True)
     table.add_column("parameters (default)")
     table.add_column("what")
     for w in doc["workloads"]:
@@ -74,7 +74,7 @@ def workloads(
     out.print(table)
     presets = Table(title="Presets (config-space size per target kind)")
     for col in ("preset", "workload", "GFLOP", *KINDS):
-        presets.add_column(col)
+        presets.add_column(col, no_wrap=col in ("preset", "workload"))
     for p in doc["presets"]:
         presets.add_row(p["name"], p["workload"], f"{p['gflop']:.3f}",
                         *(f"{p['spaces'][k]['space_size']:,} ({p['spaces'][k]['template']})" for k in KINDS))
@@ -237,10 +237,7 @@ def main() -> None:
     except KeyboardInterrupt:
         print("farm: interrupted", file=sys.stderr)
         sys.exit(130)
-    except Exception as e:  # click's usage errors
-        import click
-
-        if isinstance(e, click.ClickException):
-            print(f"farm: error: {e.format_message()} (see farm --help)", file=sys.stderr)
-            sys.exit(2)
-        raise
+    except typer.TyperException as e:  # usage errors: bad option, missing argument
+        message = e.format_message() if hasattr(e, "format_message") else str(e)
+        print(f"farm: error: {message} (see farm --help)", file=sys.stderr)
+        sys.exit(2)

@@ -9,21 +9,13 @@ need it are skipped, with the reason, when nothing answers there.
 from __future__ import annotations
 
 import os
-import sys
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine, create_engine, make_url
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.pool import NullPool
-
-# The farm runs from its checkout (it is not pip-installed): make `farm`, `db`, ... importable
-# under a bare `pytest`, and in the processes tests spawn, which inherit sys.path.
-REPO = str(Path(__file__).resolve().parents[1])
-if REPO not in sys.path:
-    sys.path.insert(0, REPO)
 
 PG_SERVER = os.environ.get("FARM_TEST_PG", "postgresql+psycopg2://postgres@127.0.0.1:5432/postgres")
 

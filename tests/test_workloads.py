@@ -11,7 +11,8 @@ from farm.workloads import PRESETS, WORKLOADS, make_workload, parse_assignments
 
 def test_presets_match_design() -> None:
     rc = make_workload("resnet-last-conv").p
-    assert (rc["N"], rc["CI"], rc["H"], rc["W"], rc["CO"], rc["KH"], rc["KW"], rc["pad"]) == (1, 512, 7, 7, 512, 3, 3, 1)
+    shape = (rc["N"], rc["CI"], rc["H"], rc["W"], rc["CO"], rc["KH"], rc["KW"], rc["pad"])
+    assert shape == (1, 512, 7, 7, 512, 3, 3, 1)
     sg = make_workload("spio-grouped").p
     assert (sg["N"], sg["CI"], sg["CO"], sg["groups"], sg["dtype"]) == (32, 64, 64, 8, "float16")
     assert make_workload("seed-avgpool").p["kind"] == "avg"
@@ -44,7 +45,7 @@ def test_parse_assignments() -> None:
 
 
 def _direct_conv(x: np.ndarray, w: np.ndarray, stride: int, pad: int, dil: int, groups: int = 1) -> np.ndarray:
-    n, ci, h, wd = x.shape
+    n, _, h, wd = x.shape
     co, cig, kh, kw = w.shape
     xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
     oh = (h + 2 * pad - dil * (kh - 1) - 1) // stride + 1

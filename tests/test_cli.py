@@ -1,0 +1,101 @@
+"""The `farm` command as a user runs it: workloads, bad input, and a real tuning job."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from farm.targets import parse_target
+from farm.task import Task
+from farm.workloads import make_workload
+
+
+def farm(*args: str, cwd: Path | None = None, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "farm", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=timeout)
+
+
+def test_workloads_lists_everything_with_space_sizes() -> None:
+    proc = farm("workloads", "--json")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert {w["name"] for w in doc["workloads"]} == {
+        "conv2d_nchw", "depthwise_conv2d_nchw", "pool2d", "group_conv2d_nchw", "matmul"}
+    presets = {p["name"]: p for p in doc["presets"]}
+    assert presets["resnet-last-conv"]["spaces"]["cuda"]["space_size"] == 10_454_400
+    for p in presets.values():
+        assert p["spaces"]["llvm"]["space_size"] > 0 and p["spaces"]["cuda"]["space_size"] > 0
+    human = farm("workloads")
+    assert human.returncode == 0 and "resnet-last-conv" in human.stdout
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["tune", "conv3d"], "unknown workload"),
+    (["tune", "matmul", "M=abc", "N=4", "K=4"], "must be an integer"),
+    (["tune", "matmul", "M=0", "N=4", "K=4"], "must be >= 1"),
+    (["tune", "matmul", "M4"], "key=value"),
+    (["tune", "conv2d_nchw", "N=1", "CI=3", "H=4", "W=4", "CO=8", "KH=9", "KW=3"], "larger than the padded"),
+    (["tune", "group_conv2d_nchw", "N=1", "CI=6", "H=8", "W=8", "CO=8", "KH=3", "KW=3", "groups=4"],
+     "not divisible by groups"),
+    (["tune", "resnet-last-conv", "--target", "rocm"], "unknown target"),
+    (["tune", "resnet-last-conv", "--target", "{bad json"], "target JSON is malformed"),
+    (["tune", "resnet-last-conv", "--target", '{"kind": "cuda", "arch": "volta"}'], "must look like sm_90"),
+    (["tune", "matmul", "M=4", "N=4", "K=4", "--export", "no/such/dir/best.json"], "does not exist"),
+    (["tune", "matmul", "M=4", "N=4", "K=4", "--search", "annealing"], "unknown search"),
+    (["tune", "matmul", "M=4", "N=4", "K=4", "--trials", "0"], "trials"),
+])
+def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path: Path, args: list[str], message: str) -> None:
+    proc = farm(*args, "--db", f"sqlite:///{tmp_path}/farm.db", cwd=tmp_path)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert list(tmp_path.iterdir()) == []  # no database, no export, nothing
+
+
+def test_unreachable_database_is_one_line_exit_2(tmp_path: Path) -> None:
+    proc = farm("tune", "matmul", "M=4", "N=4", "K=4", "--db", "postgresql://postgres@127.0.0.1:1/farm", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert len(proc.stderr.strip().splitlines()) == 1 and "127.0.0.1:1" in proc.stderr, proc.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cuda_without_gpu_says_what_to_do(tmp_path: Path) -> None:
+    proc = farm("tune", "resnet-last-conv", "--target", "cuda", "--db", f"sqlite:///{tmp_path}/f.db", cwd=tmp_path)
+    if proc.returncode == 0:
+        pytest.skip("this machine has a GPU")
+    assert proc.returncode == 2 and "--target llvm" in proc.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_tune_end_to_end_on_llvm(tmp_path: Path) -> None:
+    """A real job: local tracker and RPC server, SQLite, progress, export."""
+    export = tmp_path / "best.json"
+    proc = farm("tune", "conv2d_nchw", "N=1", "CI=16", "H=14", "W=14", "CO=32", "KH=3", "KW=3", "pad=1",
+                "--target", "llvm", "--trials", "20", "--db", f"sqlite:///{tmp_path}/farm.db",
+                "--export", str(export), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "best for conv2d_nchw" in proc.stdout and "µs" in proc.stdout
+    doc = json.loads(export.read_text())
+    assert doc["format"] == "farm.best/1" and len(doc["records"]) == 1
+    rec = doc["records"][0]
+    wl = make_workload("conv2d_nchw", dict(N=1, CI=16, H=14, W=14, CO=32, KH=3, KW=3, pad=1))
+    assert rec["workload"] == wl.to_json()
+    task = Task(wl, parse_target(rec["target"]))
+    task.space.from_json(rec["config"])  # the exported config is a point of the space
+    assert rec["template"] == task.template.name and rec["template_version"] == task.template.version
+    assert rec["latency_us"] > 0 and rec["gflops"] > 0 and rec["device"].startswith("CPU")
+    assert rec["tvm_version"].startswith("0.27") and rec["measured_at"]
+    with sqlite3.connect(tmp_path / "farm.db") as db:
+        rows = db.execute("select config_index, status, latency from trials").fetchall()
+        status = db.execute("select status from jobs").fetchone()[0]
+    assert len(rows) == 20 and len({r[0] for r in rows}) == 20  # budget met, no config twice
+    assert status == "done"
+    best = min(r[2] for r in rows if r[1] == "ok")
+    assert rec["latency_us"] == pytest.approx(best * 1e6)
