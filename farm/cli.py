@@ -100,11 +100,12 @@ def tune(
 ) -> None:
     """Tune one kernel end to end on this machine: starts an RPC tracker and servers, measures
     TRIALS candidates, stores every result in the database, prints and exports the best."""
-    from deploy.local_cluster import LocalCluster, gpu_count
+    from deploy.local_cluster import LocalCluster
     from farm.search import STRATEGIES
     from farm.targets import parse_target
     from farm.task import Task
     from farm.workloads import make_workload, parse_assignments
+    from workers.device import gpu_count
 
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(message)s")
