@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from farm.errors import FarmError
 from farm.templates.base import Template
+from farm.templates.cuda_depthwise import CudaDepthwise
+from farm.templates.cuda_pool import CudaPool
 from farm.templates.cuda_tiled import CudaTiled
+from farm.templates.llvm_tiled import LlvmTiled
 
-TEMPLATES: list[Template] = [CudaTiled()]
+TEMPLATES: list[Template] = [CudaTiled(), CudaDepthwise(), CudaPool(), LlvmTiled()]
 
 
 def get_template(workload: str, kind: str) -> Template:

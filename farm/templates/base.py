@@ -14,12 +14,17 @@ import inspect
 import math
 import sys
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from functools import cached_property
 from typing import Any, ClassVar
 
 from farm.space import Config, ConfigSpace
 from farm.targets import TargetSpec
 from farm.workloads import Workload
+
+# CUDA's limits on each dimension of a thread block and of the grid (compute capability >= 3.0).
+CUDA_MAX_BLOCK_DIM = {"x": 1024, "y": 1024, "z": 64}
+CUDA_MAX_GRID_DIM = {"x": 2**31 - 1, "y": 65535, "z": 65535}
 
 
 class Template(ABC):
@@ -59,6 +64,7 @@ def new_schedule(wl: Workload) -> Any:
 
 
 def has_block(sch: Any, name: str) -> bool:
+    """Whether the schedule has a block called `name` (e.g. ``pad`` or ``avg``)."""
     try:
         sch.get_sblock(name)
     except Exception:  # s_tir raises a ScheduleError subclass of TVMError
@@ -68,6 +74,54 @@ def has_block(sch: Any, name: str) -> bool:
 
 def loop_extents(sch: Any, block: Any) -> list[int]:
     return [int(sch.get(loop).extent) for loop in sch.get_loops(block)]
+
+
+def compute_extents(wl: Workload) -> list[int]:
+    """Extents of the ``compute`` block's loops, spatial then reduction, before any scheduling."""
+    sch = new_schedule(wl)
+    return loop_extents(sch, sch.get_sblock("compute"))
+
+
+def split_skipping_units(
+    sch: Any, loop: Any, factors: Sequence[int | None], keep: Sequence[int] = ()
+) -> list[Any | None]:
+    """Split `loop` by `factors` (outermost first; one may be None, i.e. inferred) without
+    creating loops of extent 1, except at the positions in `keep` (loops to be bound).
+
+    Returns one entry per factor: the loop, or None where no loop was created. If every factor
+    is 1 and none is kept, the unsplit loop stands at position 0. Unit loops change nothing in
+    the generated code, but leaving them out keeps the scheduled module identical to a
+    hand-written schedule that never split (see the depthwise template's v4 test).
+    """
+    positions = [i for i, f in enumerate(factors) if f != 1 or i in keep] or [0]
+    out: list[Any | None] = [None] * len(factors)
+    if len(positions) == 1:
+        out[positions[0]] = loop
+    else:
+        for i, part in zip(positions, sch.split(loop, [factors[i] for i in positions]), strict=True):
+            out[i] = part
+    return out
+
+
+def cooperative_fetch(
+    sch: Any, block: Any, thread_extents: Sequence[int], dims: Sequence[str], *, threads_outer: bool
+) -> None:
+    """All threads of the block copy the tile `block` fills: fuse its copy loops and split them
+    over the threads (`thread_extents` bound to ``threadIdx.{dims}``, outermost first).
+
+    `threads_outer` puts the thread loops outside the per-thread loop, so each thread copies a
+    contiguous run (AutoTVM's `split(nparts=...)`); otherwise they go inside it, so consecutive
+    threads copy consecutive elements (coalesced loads, conflict-free shared stores).
+    """
+    # compute_at gave the copy block one loop per dimension of the buffer it fills.
+    ndim = len(sch.get(block).writes[0].region)
+    fused = sch.fuse(*sch.get_loops(block)[-ndim:])
+    if threads_outer:
+        threads = sch.split(fused, [*thread_extents, None])[:-1]
+    else:
+        threads = sch.split(fused, [None, *thread_extents])[1:]
+    for loop, dim in zip(threads, dims, strict=True):
+        sch.bind(loop, f"threadIdx.{dim}")
 
 
 def annotate_unroll(sch: Any, loop: Any, max_step: int, explicit: int) -> None:

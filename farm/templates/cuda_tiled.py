@@ -19,10 +19,12 @@ from typing import Any, ClassVar
 from farm.space import ChoiceKnob, Config, ConfigSpace, SplitKnob
 from farm.targets import TargetSpec
 from farm.templates.base import (
+    CUDA_MAX_BLOCK_DIM,
     Template,
     annotate_unroll,
+    compute_extents,
+    cooperative_fetch,
     dtype_bytes,
-    loop_extents,
     new_schedule,
     prod,
 )
@@ -51,7 +53,7 @@ class CudaTiled(Template):
 
     def space(self, wl: Workload, target: TargetSpec) -> ConfigSpace:
         spatial, reduce = _AXES[wl.name]
-        extents = dict(zip(spatial + reduce, _loop_extents(wl), strict=True))
+        extents = dict(zip(spatial + reduce, compute_extents(wl), strict=True))
         return ConfigSpace(
             [SplitKnob(f"tile_{a}", extents[a], 4) for a in spatial]
             + [SplitKnob(f"tile_{a}", extents[a], 3) for a in reduce]
@@ -63,6 +65,10 @@ class CudaTiled(Template):
         threads = prod(config[f"tile_{a}"][2] for a in spatial)
         if threads > target.limit("max_threads_per_block"):
             return f"{threads} threads per block > {target.limit('max_threads_per_block')}"
+        for dim, group in zip(_DIMS, _GROUPS[wl.name], strict=True):
+            extent = prod(config[f"tile_{a}"][2] for a in group)
+            if extent > CUDA_MAX_BLOCK_DIM[dim]:
+                return f"threadIdx.{dim} extent {extent} > {CUDA_MAX_BLOCK_DIM[dim]}"
         vthreads = prod(config[f"tile_{a}"][1] for a in spatial)
         if vthreads > target.max_vthreads:
             return f"{vthreads} vthreads > {target.max_vthreads}"
@@ -75,8 +81,6 @@ class CudaTiled(Template):
         spatial, reduce = _AXES[wl.name]
         sch = new_schedule(wl)
         block = sch.get_sblock("compute")
-        if wl.name != "matmul":
-            sch.compute_inline(sch.get_sblock("pad"))
         write_cache = sch.cache_write(block, 0, "local")
         loops = dict(zip(spatial + reduce, sch.get_loops(block), strict=True))
         tiles = {a: sch.split(loops[a], list(config[f"tile_{a}"])) for a in spatial + reduce}
@@ -112,7 +116,14 @@ class CudaTiled(Template):
         for i in range(2):
             shared = sch.cache_read(block, i, "shared")
             sch.compute_at(shared, reduce_outer[-1], preserve_unit_loops=True)
-            _cooperative_fetch(sch, shared, thread_extents, dims)
+            # Threads outermost, as the tutorial's split(nparts=...).
+            cooperative_fetch(sch, shared, thread_extents, dims, threads_outer=True)
+        if wl.name != "matmul":
+            # Padding goes into the shared copy, which then fills exactly the padded tile that
+            # _shared_bytes counts. Inlined into `compute` instead, the copy reads `data` under
+            # the padding predicate and TVM's buffer compaction often over-allocates the tile
+            # (up to the whole padded image), so `check` passed configs that could not run.
+            sch.compute_inline(sch.get_sblock("pad"))
         for i in range(2):
             local = sch.cache_read(block, i, "local")
             sch.compute_at(local, reduce_mid[-1])
@@ -120,21 +131,6 @@ class CudaTiled(Template):
         annotate_unroll(sch, bound["blockIdx"][0], config["auto_unroll_max_step"],
                         config["unroll_explicit"])
         return sch
-
-
-def _cooperative_fetch(sch: Any, block: Any, thread_extents: list[int], dims: list[str]) -> None:
-    """All threads of the block copy the tile: fuse its copy loops, split them over threads."""
-    # compute_at gave the copy block one loop per dimension of the buffer it fills.
-    ndim = len(sch.get(block).writes[0].region)
-    fused = sch.fuse(*sch.get_loops(block)[-ndim:])
-    parts = sch.split(fused, [*thread_extents, None])
-    for loop, dim in zip(parts, dims, strict=False):
-        sch.bind(loop, f"threadIdx.{dim}")
-
-
-def _loop_extents(wl: Workload) -> list[int]:
-    sch = new_schedule(wl)
-    return loop_extents(sch, sch.get_sblock("compute"))
 
 
 def _shared_bytes(wl: Workload, config: Config) -> int:

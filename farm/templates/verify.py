@@ -1,0 +1,107 @@
+"""GPU-code verification of a scheduled module, before it is compiled or sent to a GPU.
+
+`verify_gpu` lowers the module with the same pipeline `tvm.compile` uses for the target (so what
+it checks is the code that would be generated), then runs TVM's `verify_gpu_code` on every
+device kernel with the limits MetaSchedule's VerifyGPUCode postprocessor uses plus CUDA's
+per-dimension block limits, and checks the grid limits CUDA enforces at launch time (which TVM
+does not check). Virtual threads are lowered away before verification, as in MetaSchedule, so
+`max_vthread` never fires: templates bound vthreads in their `check`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from farm.targets import TargetSpec
+from farm.templates.base import CUDA_MAX_BLOCK_DIM, CUDA_MAX_GRID_DIM
+
+
+def lower(mod: Any, target: TargetSpec) -> Any:
+    """`mod` after `tvm.compile`'s TIR pipeline for `target`: host and device functions split,
+    each with its `target` attribute (the steps of `tvm.tirx.build` before code generation)."""
+    import tvm
+
+    tvm_target = target.tvm()
+    host = tvm.target.Target("llvm")
+    mod = tvm.tirx.transform.BindTarget(tvm_target.with_host(host))(mod)
+    pipeline, _, _ = tvm.tirx.get_default_tir_pipeline(tvm_target)
+    return pipeline(mod)
+
+
+def constraints(target: TargetSpec) -> dict[str, int]:
+    """The limits `verify_gpu_code` checks, for `target`."""
+    return {
+        "max_threads_per_block": target.limit("max_threads_per_block"),
+        "max_shared_memory_per_block": target.limit("max_shared_memory_per_block"),
+        "max_vthread": target.max_vthreads,
+        "max_vector_bytes": 16,  # one 128-bit load/store
+        **{f"max_thread_{d}": n for d, n in CUDA_MAX_BLOCK_DIM.items()},
+    }
+
+
+def verify_gpu(mod: Any, target: TargetSpec) -> str | None:
+    """None if the scheduled IRModule `mod` lowers for `target` and every kernel fits its limits
+    (threads per block and per dimension, shared memory, vector width, grid size); otherwise a
+    one-line reason. Non-GPU targets have nothing to verify (None). Never raises for a bad
+    schedule: a module TVM cannot lower is a reason too."""
+    if not target.is_gpu:
+        return None
+    from tvm import s_tir
+
+    try:
+        lowered = lower(mod, target)
+    except Exception as e:  # a schedule TVM cannot lower is data for the caller, not a crash
+        return f"lowering failed: {_last_line(e)}"
+    limits = constraints(target)
+    for gvar, func in lowered.functions.items():
+        func_target = func.attrs.get("target") if func.attrs is not None else None
+        if func_target is None or func_target.kind.name != target.kind:
+            continue  # host code
+        if not s_tir.analysis.verify_gpu_code(func, limits):
+            return f"kernel {gvar.name_hint}: {_violation(func, limits)}"
+    return _grid_violation(mod)
+
+
+def _violation(func: Any, limits: dict[str, int]) -> str:
+    """TVM's own words for what `verify_gpu_code` rejected in `func` (its pass form raises them)."""
+    import tvm
+
+    verify_pass = tvm.get_global_func("s_tir.transform.VerifyGPUCode")
+    try:
+        verify_pass(limits)(tvm.IRModule({"main": func}))
+    except Exception as e:
+        # "GPU constraint(s) violated:\n    <one line per violation>\n  In function\n<the TIR>"
+        lines = [ln.strip() for ln in str(e).splitlines()]
+        start = next((i + 1 for i, ln in enumerate(lines) if ln.startswith("GPU constraint")), 0)
+        found = []
+        for ln in lines[start:]:
+            if not ln or ln.startswith("In function"):
+                break
+            found.append(ln.rstrip(";"))
+        if found:
+            return "; ".join(found)
+    return "GPU constraints violated"
+
+
+def _grid_violation(mod: Any) -> str | None:
+    """Why a loop bound to ``blockIdx`` in the scheduled `mod` exceeds CUDA's grid size, if one does."""
+    from tvm import s_tir
+
+    sch = s_tir.Schedule(mod)
+    for gvar in mod.get_global_vars():
+        sch.work_on(gvar.name_hint)
+        pending = [sch.get_sblock("root")]
+        while pending:
+            block = pending.pop()
+            pending.extend(sch.get_child_blocks(block))
+            for loop in sch.get_loops(block):
+                node = sch.get(loop)
+                tag = node.thread_binding.thread_tag if node.thread_binding is not None else ""
+                if tag.startswith("blockIdx.") and int(node.extent) > CUDA_MAX_GRID_DIM[tag[-1]]:
+                    return f"{tag} extent {int(node.extent)} > {CUDA_MAX_GRID_DIM[tag[-1]]}"
+    return None
+
+
+def _last_line(e: Exception) -> str:
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    return lines[-1] if lines else type(e).__name__

@@ -1,0 +1,226 @@
+"""Schedule templates: llvm kernels compute the NumPy reference; cuda schedules compile and pass
+TVM's GPU-code verification; `check` and `verify_gpu` reject what cannot run; the reference
+schedules (the depthwise blog's v4, d2ltvm's pooling) are points of the spaces.
+
+Runs without a GPU: cuda targets are compiled to CUDA source and verified, not run.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import numpy as np
+import pytest
+import tvm
+
+from farm.space import Config
+from farm.targets import TargetSpec, parse_target
+from farm.templates import TEMPLATES, Template, get_template
+from farm.templates.base import new_schedule
+from farm.templates.verify import verify_gpu
+from farm.workloads import PRESETS, Workload, make_workload
+
+LLVM = parse_target("llvm")
+CUDA = parse_target("cuda")
+# A small GPU, so that every cuda template has configs with too many threads for it, and every
+# one that stages data in shared memory, configs with too much.
+SMALL_GPU = parse_target({"kind": "cuda", "max_threads_per_block": 128, "max_shared_memory_per_block": 2048})
+
+LLVM_CASES = {
+    "conv2d": ("conv2d_nchw", dict(N=1, CI=8, H=10, W=10, CO=16, KH=3, KW=3, pad=1)),
+    "conv2d-stride2": ("conv2d_nchw", dict(N=2, CI=4, H=11, W=9, CO=6, KH=3, KW=3, stride=2, pad=1)),
+    "conv2d-dilation2": ("conv2d_nchw", dict(N=1, CI=4, H=12, W=12, CO=8, KH=3, KW=3, pad=2, dilation=2)),
+    "conv2d-fp16": ("conv2d_nchw", dict(N=1, CI=8, H=10, W=10, CO=16, KH=3, KW=3, pad=1, dtype="float16")),
+    "depthwise-mult2-stride2": (
+        "depthwise_conv2d_nchw", dict(N=1, C=4, H=9, W=10, KH=3, KW=3, stride=2, pad=1, multiplier=2)
+    ),
+    "group-conv": ("group_conv2d_nchw", dict(N=1, CI=8, H=8, W=8, CO=12, KH=3, KW=3, groups=4, pad=1)),
+    "maxpool": ("pool2d", dict(N=1, C=3, H=9, W=11, KH=3, KW=3, stride=2, pad=1, kind="max")),
+    "avgpool": ("pool2d", dict(N=2, C=3, H=9, W=11, KH=3, KW=3, stride=2, pad=1, kind="avg")),
+    "avgpool-fp16": ("pool2d", dict(N=1, C=4, H=10, W=10, KH=2, KW=2, stride=2, kind="avg", dtype="float16")),
+    "matmul": ("matmul", dict(M=33, N=17, K=20)),
+    "matmul-fp16": ("matmul", dict(M=33, N=17, K=20, dtype="float16")),
+}
+
+CUDA_CASES = {
+    **{preset: (preset, {}) for preset in PRESETS},
+    "matmul-1024": ("matmul", dict(M=1024, N=1024, K=1024)),
+    # Shapes the presets miss: stride, multiplier, sizes that no thread count divides.
+    "depthwise-mult2-stride2": (
+        "depthwise_conv2d_nchw", dict(N=2, C=8, H=15, W=17, KH=3, KW=3, stride=2, pad=1, multiplier=2)
+    ),
+    "avgpool-odd": ("pool2d", dict(N=2, C=3, H=15, W=17, KH=3, KW=3, stride=2, pad=1, kind="avg")),
+}
+
+
+def _workload(case: tuple[str, dict[str, Any]]) -> Workload:
+    return make_workload(*case)
+
+
+def valid_configs(template: Template, wl: Workload, target: TargetSpec, count: int) -> list[Config]:
+    """`count` distinct random configs that pass `check`, the same ones on every run."""
+    space = template.space(wl, target)
+    rng = random.Random(f"{template.name}/{wl.key}")
+    found: dict[int, Config] = {}
+    for _ in range(100_000):
+        config = space.get(rng.randrange(space.size))
+        if template.check(wl, target, config) is None:
+            found[config.index] = config
+            if len(found) == min(count, space.size):
+                return list(found.values())
+    raise AssertionError(f"only {len(found)} valid configs of {template.name} for {wl} in 100000 draws")
+
+
+def rejected_config(template: Template, wl: Workload, target: TargetSpec, reason: str) -> Config:
+    """A random config that `check` rejects with a message containing `reason`, without
+    unrolling (so lowering the huge tiles such configs have stays fast)."""
+    space = template.space(wl, target)
+    rng = random.Random(f"{template.name}/{wl.key}/{reason}")
+    for _ in range(100_000):
+        config = space.get(rng.randrange(space.size))
+        why = template.check(wl, target, config)
+        if why is not None and reason in why:
+            return space.from_json({**config.to_json(), "auto_unroll_max_step": 0})
+    raise AssertionError(f"no config of {template.name} for {wl} is rejected for {reason!r}")
+
+
+def relative_error(out: np.ndarray, ref: np.ndarray) -> float:
+    out64, ref64 = out.astype(np.float64), ref.astype(np.float64)
+    return float(np.linalg.norm(out64 - ref64) / np.linalg.norm(ref64))
+
+
+@pytest.mark.parametrize("case", LLVM_CASES.values(), ids=LLVM_CASES.keys())
+def test_llvm_template_computes_the_reference(case: tuple[str, dict[str, Any]]) -> None:
+    wl = _workload(case)
+    template = get_template(wl.name, "llvm")
+    inputs = wl.random_inputs(seed=1)
+    ref = wl.reference(inputs)
+    dev = tvm.cpu(0)
+    for config in valid_configs(template, wl, LLVM, count=6):
+        lib = tvm.compile(template.schedule(wl, LLVM, config).mod, target=LLVM.tvm())
+        # NaN in the output buffer: an element the kernel never writes fails the comparison.
+        out = tvm.runtime.tensor(np.full(wl.output_shape(), np.nan, dtype=wl.dtype), dev)
+        lib["main"](*[tvm.runtime.tensor(x, dev) for x in inputs], out)
+        err = relative_error(out.numpy(), ref)
+        assert err <= wl.tolerance(), f"{wl} {config.dumps()}: relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("case", CUDA_CASES.values(), ids=CUDA_CASES.keys())
+def test_cuda_template_compiles_and_passes_gpu_verification(case: tuple[str, dict[str, Any]]) -> None:
+    wl = _workload(case)
+    template = get_template(wl.name, "cuda")
+    for config in valid_configs(template, wl, CUDA, count=10):
+        mod = template.schedule(wl, CUDA, config).mod
+        reason = verify_gpu(mod, CUDA)
+        assert reason is None, f"{wl} {config.dumps()}: {reason}"
+        source = tvm.compile(mod, target=CUDA.tvm()).mod.imports[0].inspect_source("")
+        assert "__global__" in source, f"{wl} {config.dumps()}: no CUDA kernel in the compiled module"
+
+
+def _cuda_templates() -> list[tuple[Template, Workload]]:
+    """Each cuda template with the first preset it serves."""
+    out = []
+    for template in (t for t in TEMPLATES if t.kind == "cuda"):
+        preset = next(p for p, (name, _, _) in PRESETS.items() if name in template.workloads)
+        out.append((template, make_workload(preset)))
+    return out
+
+
+@pytest.mark.parametrize(("template", "wl"), _cuda_templates(), ids=lambda x: getattr(x, "name", ""))
+def test_check_rejects_too_many_threads_and_verify_agrees(template: Template, wl: Workload) -> None:
+    config = rejected_config(template, wl, SMALL_GPU, "threads per block")
+    reason = verify_gpu(template.schedule(wl, SMALL_GPU, config).mod, SMALL_GPU)
+    assert reason is not None and "threads" in reason, reason
+
+
+@pytest.mark.parametrize(
+    ("template", "wl"),
+    [(t, w) for t, w in _cuda_templates() if t.name != "cuda.pool"],  # pooling uses no shared memory
+    ids=lambda x: getattr(x, "name", ""),
+)
+def test_verify_gpu_rejects_too_much_shared_memory(template: Template, wl: Workload) -> None:
+    config = rejected_config(template, wl, SMALL_GPU, "shared memory")
+    reason = verify_gpu(template.schedule(wl, SMALL_GPU, config).mod, SMALL_GPU)
+    assert reason is not None and "shared memory" in reason, reason
+
+
+def test_verify_gpu_rejects_a_grid_too_tall() -> None:
+    # One row of outputs per block on blockIdx.y: 70000 rows > CUDA's 65535 blocks.
+    wl = make_workload("depthwise_conv2d_nchw", dict(N=1, C=1, H=70000, W=1, KH=1, KW=1))
+    template = get_template(wl.name, "cuda")
+    config = template.space(wl, CUDA).from_json(dict(
+        tile_y=[70000, 1, 1], tile_x=[1, 1, 1], fuse_blocks=1, tile_ry=[1, 1], tile_rx=[1, 1],
+        reduce_inside=1, cache_input=0, cache_output=0, auto_unroll_max_step=0, unroll_explicit=0,
+    ))
+    assert "blockIdx.y" in (template.check(wl, CUDA, config) or "")
+    assert "blockIdx.y" in (verify_gpu(template.schedule(wl, CUDA, config).mod, CUDA) or "")
+
+
+def test_resnet_last_conv_space_is_autotvm_tutorial_size() -> None:
+    wl = make_workload("resnet-last-conv")
+    assert get_template(wl.name, "cuda").space(wl, CUDA).size == 10_454_400
+
+
+@pytest.mark.parametrize("preset", [*PRESETS, "matmul-1024"])
+def test_llvm_spaces_are_thousands_to_hundreds_of_thousands(preset: str) -> None:
+    wl = _workload(CUDA_CASES[preset])
+    assert 1_000 <= get_template(wl.name, "llvm").space(wl, LLVM).size <= 500_000
+
+
+def test_every_workload_has_a_template_per_kind() -> None:
+    from farm.workloads import WORKLOADS
+
+    for name in WORKLOADS:
+        assert get_template(name, "llvm").name == "llvm.tiled"
+        assert get_template(name, "cuda").name in {"cuda.tiled", "cuda.depthwise", "cuda.pool"}
+
+
+def test_blog_v4_depthwise_schedule_is_a_point_of_the_space() -> None:
+    """make_dwsp_conv2d_gpu_scheduler_v4 of the blog post, ported literally to s_tir."""
+    wl = make_workload("seed-depthwise")
+    sch = new_schedule(wl)
+    out = sch.get_sblock("compute")
+    b, c, h, w, _, _ = sch.get_loops(out)
+    bc = sch.fuse(b, c)
+    h_outer, h_inner = sch.split(h, [None, 16])
+    w_outer, w_inner = sch.split(w, [None, 16])
+    sch.reorder(bc, h_outer, w_outer, h_inner, w_inner)
+    hw_outer = sch.fuse(h_outer, w_outer)
+    sch.bind(bc, "blockIdx.x")
+    sch.bind(hw_outer, "blockIdx.y")
+    sch.bind(h_inner, "threadIdx.y")
+    sch.bind(w_inner, "threadIdx.x")
+    sch.compute_inline(sch.get_sblock("pad"))
+
+    template = get_template(wl.name, "cuda")
+    v4 = template.space(wl, CUDA).from_json(dict(
+        tile_y=[1, 16, 1], tile_x=[2, 16, 1], fuse_blocks=1, tile_ry=[7, 1], tile_rx=[7, 1],
+        reduce_inside=1, cache_input=0, cache_output=0, auto_unroll_max_step=0, unroll_explicit=0,
+    ))
+    assert template.check(wl, CUDA, v4) is None
+    tvm.ir.assert_structural_equal(template.schedule(wl, CUDA, v4).mod, sch.mod)
+
+
+@pytest.mark.parametrize("preset", ["seed-maxpool", "seed-avgpool"])
+def test_d2ltvm_pooling_schedule_is_a_point_of_the_space(preset: str) -> None:
+    """schedule_max / schedule_avg of d2ltvm's GPU pooling chapter, ported to s_tir."""
+    wl = make_workload(preset)
+    sch = new_schedule(wl)
+    sch.compute_inline(sch.get_sblock("pad"))
+    out = sch.get_sblock("avg" if wl.p["kind"] == "avg" else "compute")
+    fused = sch.fuse(*sch.get_loops(out)[:4])  # sch[Y].op.axis: the output's four axes
+    bx, tx = sch.split(fused, [None, 1024])  # nt = the target's max_num_threads
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(tx, "threadIdx.x")
+    if wl.p["kind"] == "avg":
+        pool_sum = sch.get_sblock("compute")
+        sch.set_scope(pool_sum, 0, "local")  # implicit in TE, explicit in s_tir
+        sch.compute_at(pool_sum, tx)
+
+    template = get_template(wl.name, "cuda")
+    knobs: dict[str, Any] = dict(threads=1024, per_thread=1, auto_unroll_max_step=0, unroll_explicit=0)
+    if wl.p["kind"] == "max":
+        knobs["cache_output"] = 0
+    config = template.space(wl, CUDA).from_json(knobs)
+    tvm.ir.assert_structural_equal(template.schedule(wl, CUDA, config).mod, sch.mod)
