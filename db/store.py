@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import threading
+from datetime import timedelta
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -119,6 +120,12 @@ class ResultStore(ABC):
         claimers, in any number of processes, never get the same job. `job_id` serves a
         client that runs the job it just submitted itself (``farm tune``).
         """
+
+    @abstractmethod
+    def requeue_stale(self, seconds: float) -> list[int]:
+        """Queue again every running job whose scheduler sent no heartbeat for `seconds`
+        (it died); returns their ids. Their measured trials stay: a resumed job measures
+        only the rest of its budget."""
 
     @abstractmethod
     def heartbeat(self, job_id: int, scheduler_id: str) -> bool:
@@ -384,6 +391,17 @@ class SQLResultStore(ResultStore):
         )
         with self._write() as connection:
             return connection.execute(claim).scalar_one_or_none()
+
+    def requeue_stale(self, seconds: float) -> list[int]:
+        cutoff = utcnow() - timedelta(seconds=seconds)
+        statement = (
+            update(_JOBS)
+            .where(_JOBS.c.status == JobStatus.RUNNING.value, _JOBS.c.heartbeat_at < cutoff)
+            .values(status=JobStatus.QUEUED.value, claimed_by=None)
+            .returning(_JOBS.c.id)
+        )
+        with self._write() as connection:
+            return list(connection.execute(statement).scalars())
 
     def heartbeat(self, job_id: int, scheduler_id: str) -> bool:
         statement = (

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -100,65 +99,35 @@ def tune(
 ) -> None:
     """Tune one kernel end to end on this machine: starts an RPC tracker and servers, measures
     TRIALS candidates, stores every result in the database, prints and exports the best."""
-    from deploy.local_cluster import LocalCluster
-    from farm.search import STRATEGIES
-    from farm.targets import parse_target
-    from farm.task import Task
+    from farm.jobs import JobRequest
     from farm.workloads import make_workload, parse_assignments
+    from scheduler.service import Scheduler
     from workers.device import gpu_count
 
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(message)s")
     # Validate everything before anything is written or started.
     wl = make_workload(workload, parse_assignments(params or []))
-    spec = parse_target(target)
-    task = Task(wl, spec)
-    if search not in STRATEGIES:
-        raise FarmError(f"unknown search {search!r}; choose one of {', '.join(STRATEGIES)}")
+    request = JobRequest.build([wl], target, trials, search=search, seed=seed, batch_size=batch_size)
     if export is not None and not (export.parent if str(export.parent) else Path(".")).is_dir():
         raise FarmError(f"cannot write the export to {export}: folder {export.parent} does not exist")
-    if spec.is_gpu:
+    if request.target.is_gpu:
         gpus = gpu_count()
         if gpus == 0:
             raise FarmError("no GPU visible here (nvidia-smi lists none): use --target llvm, "
                             "or run on a machine with an NVIDIA GPU")
-        count = workers or gpus
+        request.workers = workers or gpus
     else:
-        count = workers or 1
+        request.workers = workers or 1
     store = _open_store(db)
-
-    job_id = store.create_job(
-        name=f"tune {wl}", spec={"workloads": [wl.to_json()], "target": spec.to_json(), "trials": trials,
-                                 "search": search, "workers": count, "seed": seed},
-        trials_budget=trials, search=search, tasks=[_task_row(task, trials)],
-    )
-    me = f"tune@{socket.gethostname()}:{os.getpid()}"
-    store.claim_job(me, job_id=job_id)
+    job_id = request.submit(store)
+    (task,) = request.tasks
     console.print(f"job {job_id}: {task} — space of {task.space.size:,} configs "
-                  f"({task.template.name}), {trials} trials on {count} {spec.kind} worker(s)")
-    status, error = "failed", ""
-    try:
-        with LocalCluster(kind=spec.kind, count=count, log_dir=log_dir) as cluster:
-            status = _run_embedded(store, job_id, cluster, count, search, seed, batch_size)
-    except KeyboardInterrupt:
-        status, error = "cancelled", "interrupted"
-        raise
-    except Exception as e:
-        error = f"{type(e).__name__}: {e}"
-        raise
-    finally:
-        store.finish_job(job_id, status, error)
+                  f"({task.template.name}), {trials} trials on {request.workers} {task.target.kind} worker(s)")
+    with Scheduler(store, log_dir=log_dir) as scheduler:
+        store.claim_job(scheduler.id, job_id=job_id)
+        _run_with_progress(scheduler, job_id)
     _report_best(store, job_id, export)
-
-
-def _task_row(task: Any, budget: int) -> dict[str, Any]:
-    return {
-        "workload": task.workload.to_json(), "workload_key": task.workload.key,
-        "target": task.target.to_json(), "target_kind": task.target.kind,
-        "template": task.template.name, "template_version": task.template.version,
-        "space_size": task.space.size, "budget": budget,
-        "family_key": f"{task.template.name}|{task.target.kind}|{task.workload.name}",
-    }
 
 
 def _open_store(db: str | None) -> Any:
@@ -167,38 +136,25 @@ def _open_store(db: str | None) -> Any:
     return open_store(_db_url(db))
 
 
-def _run_embedded(store: Any, job_id: int, cluster: Any, count: int, search: str, seed: int,
-                  batch_size: int) -> str:
+def _run_with_progress(scheduler: Any, job_id: int) -> str:
+    """Run a claimed job with a progress bar per task: trials done, best so far, correct so far."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from scheduler.tuner import LocalWorkerPool, run_job
-    from workers.worker import Worker, WorkerConfig
-
-    build_workers = max(1, (os.cpu_count() or 2) // count)
-    pool = LocalWorkerPool([
-        Worker(WorkerConfig(name=f"local-{i}", tracker=cluster.tracker, key=cluster.keys[i], kind=cluster.kind,
-                            build_workers=build_workers), on_hang=lambda i=i: cluster.kill_sessions(i))
-        for i in range(count)
-    ])
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("best {task.fields[best]}"), TextColumn("ok {task.fields[ok]}"), TimeElapsedColumn())
-    ok = 0
-    try:
-        with Progress(*columns, console=console) as bar:
-            ids: dict[int, Any] = {}
+    with Progress(*columns, console=console) as bar:
+        ids: dict[int, Any] = {}
+        ok: dict[int, int] = {}
 
-            def on_progress(p: Any) -> None:
-                nonlocal ok
-                if p.task_number not in ids:
-                    ids[p.task_number] = bar.add_task(p.task.workload.name, total=p.budget, best="-", ok=0)
-                ok += sum(r.ok for r in p.last)
-                best = "-" if p.best_seconds is None else f"{p.best_seconds * 1e6:.1f} µs"
-                bar.update(ids[p.task_number], completed=p.done, best=best, ok=ok)
+        def on_progress(p: Any) -> None:
+            if p.task_number not in ids:
+                ids[p.task_number] = bar.add_task(p.task.workload.name, total=p.budget, best="-", ok=0)
+                ok[p.task_number] = 0
+            ok[p.task_number] += sum(r.ok for r in p.last)
+            best = "-" if p.best_seconds is None else f"{p.best_seconds * 1e6:.1f} µs"
+            bar.update(ids[p.task_number], completed=p.done, best=best, ok=ok[p.task_number])
 
-            return run_job(store, job_id, pool, search=search, seed=seed, batch_size=batch_size,
-                           on_progress=on_progress)
-    finally:
-        pool.close()
+        return scheduler.run_job(job_id, on_progress=on_progress)
 
 
 def _report_best(store: Any, job_id: int, export: Path | None) -> None:

@@ -46,3 +46,8 @@ class MeasureResult:
         doc = asdict(self)
         doc["status"] = self.status.value
         return doc
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> MeasureResult:
+        """Inverse of `to_json` (results cross process boundaries as plain dicts)."""
+        return cls(**{**doc, "status": Status(doc["status"])})

@@ -5,14 +5,13 @@ measured); each worker has one batch running and one queued, the workers build a
 in parallel, and the results are written to the store in batches. A worker whose shard has
 nothing left takes configs from another shard. The loop stops at each task's budget exactly, when the space is
 exhausted, or when the job is cancelled. A job's budget is spread over its tasks when the
-job is created (`split_budget`).
+job is created (farm.jobs.JobRequest).
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -50,12 +49,6 @@ class Progress:
     budget: int
     best_seconds: float | None
     last: list[MeasureResult]
-
-
-def split_budget(total: int, parts: int) -> list[int]:
-    """`total` trials over `parts` tasks, as evenly as possible, summing exactly to `total`."""
-    base, extra = divmod(total, parts)
-    return [base + (1 if i < extra else 0) for i in range(parts)]
 
 
 def run_job(
@@ -113,19 +106,21 @@ def _run_task(store: Any, writer: Any, job_id: int, row: dict[str, Any], task: T
     exhausted = cancelled = False
     since_round = 0
     while True:
-        if not cancelled and not exhausted:
+        # Fill the queues level by level, so that every worker gets work before any gets two
+        # batches, and the last trials of the budget are spread over the workers too.
+        for depth in range(QUEUE_DEPTH):
+            share = -(-(budget - done - sum(len(i) for _, _, i in inflight.values())) // pool.size)
             for worker in range(pool.size):
-                while queued[worker] < QUEUE_DEPTH:
-                    left = budget - done - sum(len(i) for _, _, i in inflight.values())
-                    if left <= 0:
-                        break
-                    shard, indices = _propose(strategies, worker, min(batch_size, left))
-                    if not indices:
-                        exhausted = True
-                        log.info("task %s: space exhausted after %d trials", task, done)
-                        break
-                    inflight[pool.submit(worker, task, indices, shard, round_)] = (worker, shard, indices)
-                    queued[worker] += 1
+                left = budget - done - sum(len(i) for _, _, i in inflight.values())
+                if cancelled or exhausted or left <= 0 or queued[worker] > depth:
+                    continue
+                shard, indices = _propose(strategies, worker, min(batch_size, share, left))
+                if not indices:
+                    exhausted = True
+                    log.info("task %s: space exhausted after %d trials", task, done)
+                    continue
+                inflight[pool.submit(worker, task, indices, shard, round_)] = (worker, shard, indices)
+                queued[worker] += 1
         if not inflight:
             break
         finished, _ = cf.wait(list(inflight), timeout=stall_seconds, return_when=cf.FIRST_COMPLETED)
@@ -177,26 +172,3 @@ def _best(best: float | None, results: list[MeasureResult]) -> float | None:
         if r.latency is not None and (best is None or r.latency < best):
             best = r.latency
     return best
-
-
-class LocalWorkerPool:
-    """Workers in this process (the embedded `farm tune` without Ray)."""
-
-    def __init__(self, workers: list[Any]) -> None:
-        self.workers = workers
-        # QUEUE_DEPTH threads per worker: the queued batch compiles while the running one measures.
-        self._threads = cf.ThreadPoolExecutor(QUEUE_DEPTH * len(workers), thread_name_prefix="farm-worker")
-        self.started = time.monotonic()
-
-    @property
-    def size(self) -> int:
-        return len(self.workers)
-
-    def submit(self, worker: int, task: Task, indices: list[int], shard: int,
-               round_: int) -> cf.Future[list[MeasureResult]]:
-        return self._threads.submit(self.workers[worker].process, task, indices, shard, round_)
-
-    def close(self) -> None:
-        self._threads.shutdown(wait=True)
-        for w in self.workers:
-            w.close()

@@ -9,21 +9,29 @@ from typing import Any
 
 import pytest
 
-from deploy.local_cluster import LocalCluster
+from deploy.local_cluster import LocalTracker
 from farm.measure import Status
 from farm.targets import parse_target
 from farm.task import Task
 from farm.workloads import make_workload
 from workers.builder import BuildResult
+from workers.device import ServerProcess, wait_for_keys
 from workers.runner import RPCRunner
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    with LocalCluster(kind="llvm", count=1, log_dir=tmp_path_factory.mktemp("rpc-logs")) as c:
-        yield c
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """A tracker and one farm RPC server for llvm, as `farm tune` starts them."""
+    logs = tmp_path_factory.mktemp("rpc-logs")
+    with LocalTracker(log=logs / "tracker.log") as tracker:
+        server = ServerProcess(tracker.address, "test-cpu", "llvm", log=logs / "server.log")
+        try:
+            wait_for_keys(tracker.address, [server.key], 60, [server.proc])
+            yield server
+        finally:
+            server.stop()
 
 
 def _export(tmp: Path, name: str, size: int, offset: float = 0.0) -> BuildResult:
@@ -46,12 +54,12 @@ def _matmul(size: int) -> Task:
     return Task(make_workload("matmul", {"M": size, "N": size, "K": size}), parse_target("llvm"))
 
 
-def _runner(cluster: LocalCluster, **kw: Any) -> RPCRunner:
-    return RPCRunner(cluster.tracker, cluster.keys[0], "llvm", on_hang=lambda: cluster.kill_sessions(0), **kw)
+def _runner(server: ServerProcess, **kw: Any) -> RPCRunner:
+    return RPCRunner(server.tracker, server.key, "llvm", on_hang=server.kill_sessions, **kw)
 
 
-def test_correct_kernels_share_one_session(cluster: LocalCluster, tmp_path: Path) -> None:
-    runner = _runner(cluster)
+def test_correct_kernels_share_one_session(server: ServerProcess, tmp_path: Path) -> None:
+    runner = _runner(server)
     task = _matmul(32)
     results = runner.measure(task, [_export(tmp_path, f"ok{i}", 32) for i in range(4)])
     assert [r.status for r in results] == [Status.OK] * 4, [r.error for r in results]
@@ -61,35 +69,35 @@ def test_correct_kernels_share_one_session(cluster: LocalCluster, tmp_path: Path
     assert runner.sessions_opened == 1
 
 
-def test_wrong_output_is_recorded(cluster: LocalCluster, tmp_path: Path) -> None:
-    runner = _runner(cluster)
+def test_wrong_output_is_recorded(server: ServerProcess, tmp_path: Path) -> None:
+    runner = _runner(server)
     (r,) = runner.measure(_matmul(32), [_export(tmp_path, "off", 32, offset=1.0)])
     assert r.status is Status.WRONG_RESULT and "relative error" in r.error
     assert r.latencies == []
 
 
-def test_build_failures_pass_through(cluster: LocalCluster) -> None:
-    runner = _runner(cluster)
+def test_build_failures_pass_through(server: ServerProcess) -> None:
+    runner = _runner(server)
     failed = BuildResult(7, {"x": 1}, Status.BUILD_ERROR, "nvcc: error", build_seconds=0.5)
     (r,) = runner.measure(_matmul(32), [failed])
     assert (r.status, r.error, r.config_index, r.build_seconds) == (Status.BUILD_ERROR, "nvcc: error", 7, 0.5)
     assert runner.sessions_opened == 0
 
 
-def test_crashing_kernel_is_recorded_and_the_run_goes_on(cluster: LocalCluster, tmp_path: Path) -> None:
+def test_crashing_kernel_is_recorded_and_the_run_goes_on(server: ServerProcess, tmp_path: Path) -> None:
     src = tmp_path / "boom.c"
     src.write_text("#include <stdlib.h>\n__attribute__((constructor)) static void boom(void) { abort(); }\n")
     lib = tmp_path / "boom.so"
     subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
-    runner = _runner(cluster)
+    runner = _runner(server)
     task = _matmul(32)
     crash, after = runner.measure(task, [BuildResult(1, {}, library=str(lib)), _export(tmp_path, "after", 32)])
     assert crash.status is Status.RUNTIME_ERROR, crash
     assert after.status is Status.OK, after.error
 
 
-def test_hanging_kernel_times_out_and_the_run_goes_on(cluster: LocalCluster, tmp_path: Path) -> None:
-    runner = _runner(cluster, timeout=1.0)
+def test_hanging_kernel_times_out_and_the_run_goes_on(server: ServerProcess, tmp_path: Path) -> None:
+    runner = _runner(server, timeout=1.0)
     slow, after = runner.measure(_matmul(1024), [_export(tmp_path, "slow", 1024)])[0], None
     assert slow.status is Status.TIMEOUT, slow
     runner.timeout = 30.0

@@ -1,0 +1,89 @@
+"""Job requests: what a user submits, validated and turned into the rows the store keeps.
+
+`farm tune`, `farm submit` and `farm.Client.submit` all go through `JobRequest`, so a job
+is checked the same way wherever it comes from, before anything is written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from farm.errors import FarmError
+from farm.search import STRATEGIES
+from farm.targets import TargetSpec, parse_target
+from farm.task import Task
+from farm.workloads import Workload, make_workload
+
+
+def family_key(task: Task) -> str:
+    """Tasks whose trials can train one cost model: same template, target kind, workload."""
+    return f"{task.template.name}|{task.target.kind}|{task.workload.name}"
+
+
+@dataclass
+class JobRequest:
+    """A validated job: tasks (workload x target), a trial budget spread over them, how to search."""
+
+    workloads: list[Workload]
+    target: TargetSpec
+    trials: int
+    search: str = "random"
+    workers: int = 1
+    seed: int = 0
+    batch_size: int = 16
+    rpc_keys: list[str] = field(default_factory=list)
+    name: str = ""
+
+    @classmethod
+    def build(cls, workloads: Sequence[str | Workload | tuple[str, dict[str, Any]]], target: str | dict[str, Any],
+              trials: int, *, search: str = "random", workers: int = 1, seed: int = 0, batch_size: int = 16,
+              rpc_keys: Sequence[str] = (), name: str = "") -> JobRequest:
+        """Validate everything (raises FarmError with one clear line) and return the request.
+
+        A workload is a Workload, a preset or workload name, or (name, {param: value}).
+        """
+        wls = [w if isinstance(w, Workload) else make_workload(w) if isinstance(w, str) else make_workload(*w)
+               for w in workloads]
+        if not wls:
+            raise FarmError("a job needs at least one workload")
+        spec = parse_target(target)
+        for value, what in ((trials, "trials"), (workers, "workers"), (batch_size, "batch size")):
+            if not isinstance(value, int) or value < 1:
+                raise FarmError(f"{what} must be a positive integer, got {value!r}")
+        if trials < len(wls):
+            raise FarmError(f"{trials} trials cannot cover {len(wls)} workloads: give at least one each")
+        if search not in STRATEGIES:
+            raise FarmError(f"unknown search {search!r}; choose one of {', '.join(STRATEGIES)}")
+        request = cls(wls, spec, trials, search, workers, seed, batch_size, list(rpc_keys),
+                      name or ("tune " + ", ".join(str(w) for w in wls))[:200])
+        for task in request.tasks:
+            task.template  # noqa: B018 - raises FarmError when no template exists for the target
+        return request
+
+    @property
+    def tasks(self) -> list[Task]:
+        return [Task(w, self.target) for w in self.workloads]
+
+    def spec(self) -> dict[str, Any]:
+        """The job's spec as stored: enough to run it again anywhere."""
+        return {"workloads": [w.to_json() for w in self.workloads], "target": self.target.to_json(),
+                "trials": self.trials, "search": self.search, "workers": self.workers, "seed": self.seed,
+                "batch_size": self.batch_size, "rpc_keys": self.rpc_keys}
+
+    def task_rows(self) -> list[dict[str, Any]]:
+        """One row per task, the job's budget split as evenly as possible over them."""
+        base, extra = divmod(self.trials, len(self.workloads))
+        return [{
+            "workload": t.workload.to_json(), "workload_key": t.workload.key,
+            "target": t.target.to_json(), "target_kind": t.target.kind,
+            "template": t.template.name, "template_version": t.template.version,
+            "space_size": t.space.size, "budget": base + (1 if i < extra else 0),
+            "family_key": family_key(t),
+        } for i, t in enumerate(self.tasks)]
+
+    def submit(self, store: Any) -> int:
+        """Create the job (queued) and its tasks in the store; returns the job id."""
+        return store.create_job(name=self.name, spec=self.spec(), trials_budget=self.trials,
+                                search=self.search, tasks=self.task_rows())

@@ -1,0 +1,131 @@
+"""The scheduler: claims jobs from the database and runs them on worker actors.
+
+`farm scheduler` runs `Scheduler.serve()` as a long-running service; `farm tune` and the
+embedded `farm.Client()` run one job with `Scheduler.run_job()`. Jobs are claimed with
+`FOR UPDATE SKIP LOCKED` (store.claim_job), so two schedulers on one database never run the
+same job. While a job runs, a heartbeat thread records that the scheduler is alive; a job
+whose scheduler died (no heartbeat for `stale_seconds`) is queued again for another one.
+Worker actors are kept between jobs of the same kind.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from deploy.local_cluster import LocalTracker, init_ray
+from farm.errors import one_line
+from scheduler.ray_pool import RayWorkerPool
+from scheduler.tuner import Progress, run_job
+
+log = logging.getLogger("farm.scheduler")
+
+
+class Scheduler:
+    """Runs jobs of `store` (a db.store.ResultStore) on Ray worker actors.
+
+    `tracker` is the farm's RPC tracker (host, port); None starts one on this machine.
+    `ray_address` is a Ray cluster to join; None starts Ray on this machine.
+    """
+
+    def __init__(self, store: Any, tracker: tuple[str, int] | None = None, ray_address: str | None = None,
+                 build_workers: int | None = None, log_dir: Path | None = None,
+                 heartbeat_seconds: float = 5.0, stale_seconds: float = 60.0) -> None:
+        self.store = store
+        self.id = f"scheduler@{socket.gethostname()}:{os.getpid()}:{id(self):x}"
+        self.ray_address, self.build_workers, self.log_dir = ray_address, build_workers, log_dir
+        self.heartbeat_seconds, self.stale_seconds = heartbeat_seconds, stale_seconds
+        self._tracker: LocalTracker | None = None
+        if tracker is None:
+            log_file = log_dir / "tracker.log" if log_dir else None
+            self._tracker = LocalTracker(log=log_file).start()
+            tracker = self._tracker.address
+        self.tracker = tracker
+        self._pools: dict[tuple[Any, ...], RayWorkerPool] = {}
+        self._stop = threading.Event()
+
+    def pool_for(self, spec: dict[str, Any]) -> RayWorkerPool:
+        """Worker actors for a job's spec: `workers` devices of its target kind, or its `rpc_keys`."""
+        kind = spec["target"]["kind"]
+        keys = tuple(spec.get("rpc_keys") or ())
+        count = len(keys) or int(spec.get("workers") or 1)
+        shape = (kind, count, keys)
+        if shape not in self._pools:
+            init_ray(self.ray_address, logical_gpus=count if kind == "llvm" else 0)
+            self._pools[shape] = RayWorkerPool(
+                self.tracker, kind, count, list(keys) or None, self.build_workers,
+                str(self.log_dir) if self.log_dir else None, name=f"{kind}-worker")
+        return self._pools[shape]
+
+    def run_job(self, job_id: int, on_progress: Callable[[Progress], None] | None = None) -> str:
+        """Run a job this scheduler has claimed; record and return its final status."""
+        job = self.store.job(job_id)
+        spec = job["spec"]
+        beat = threading.Thread(target=self._heartbeat, args=(job_id,), daemon=True, name="farm-heartbeat")
+        done = threading.Event()
+        beat.done = done  # type: ignore[attr-defined]
+        status, error = "failed", ""
+        beat.start()
+        try:
+            pool = self.pool_for(spec)
+            status = run_job(self.store, job_id, pool, search=spec.get("search", "random"),
+                             seed=int(spec.get("seed", 0)), batch_size=int(spec.get("batch_size", 16)),
+                             on_progress=on_progress)
+        except KeyboardInterrupt:
+            status, error = "cancelled", "interrupted"
+            raise
+        except Exception as e:
+            error = one_line(e)
+            log.exception("job %d failed", job_id)
+            raise
+        finally:
+            done.set()
+            self.store.finish_job(job_id, status, error)
+        return status
+
+    def _heartbeat(self, job_id: int) -> None:
+        done: threading.Event = threading.current_thread().done  # type: ignore[attr-defined]
+        while not done.wait(self.heartbeat_seconds):
+            try:
+                self.store.heartbeat(job_id, self.id)
+            except Exception as e:  # a database hiccup must not kill the job
+                log.warning("heartbeat for job %d failed: %s", job_id, one_line(e))
+
+    def serve(self, poll_seconds: float = 1.0, once: bool = False) -> None:
+        """Claim and run jobs until `stop()` (or, with `once`, until no job is queued)."""
+        log.info("%s serving (tracker %s:%d)", self.id, *self.tracker)
+        while not self._stop.is_set():
+            self.store.requeue_stale(self.stale_seconds)
+            job_id = self.store.claim_job(self.id)
+            if job_id is None:
+                if once:
+                    return
+                self._stop.wait(poll_seconds)
+                continue
+            log.info("running job %d", job_id)
+            try:
+                status = self.run_job(job_id)
+                log.info("job %d %s", job_id, status)
+            except Exception:  # recorded as failed by run_job; the service goes on
+                continue
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def close(self) -> None:
+        for pool in self._pools.values():
+            pool.close()
+        self._pools.clear()
+        if self._tracker is not None:
+            self._tracker.stop()
+
+    def __enter__(self) -> Scheduler:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
