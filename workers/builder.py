@@ -107,7 +107,7 @@ def build_one(task_json: str, index: int, out_dir: str) -> BuildResult:
 
 def _compile_device_code(lib: Any, task: Task, stem: Path, result: BuildResult) -> None:
     """nvcc the CUDA source to a cubin and check it can launch; sets result fields."""
-    source = lib.mod.imports[0].inspect_source("")
+    source = _cuda_source(lib)
     result.source_sha = hashlib.sha256(source.encode()).hexdigest()
     nvcc = shutil.which("nvcc")
     if nvcc is None:
@@ -135,6 +135,20 @@ def _compile_device_code(lib: Any, task: Task, stem: Path, result: BuildResult) 
                         f"{task.target.limit('registers_per_block')} registers per block")
         return
     result.cubin = cubin
+
+
+def _cuda_source(lib: Any) -> str:
+    """The CUDA C source of the library's device module.
+
+    Without a GPU the module holds only source (fmt "cuda"); where TVM's CUDA runtime is
+    loaded the source sits beside the compiled code, under "cu".
+    """
+    module = lib.mod.imports[0]
+    for fmt in ("cuda", "cu", ""):
+        source = module.inspect_source(fmt)
+        if "__global__" in source:
+            return source
+    raise RuntimeError("the compiled library holds no CUDA source")
 
 
 def _threads_per_block(source: str) -> int:

@@ -87,7 +87,8 @@ class RPCRunner:
     ) -> None:
         self.tracker, self.key, self.kind = tracker, key, kind
         self.evaluator = evaluator or EvaluatorConfig.for_target(kind)
-        self.timeout, self.session_timeout = timeout, session_timeout
+        # Sessions last several candidate timeouts, or they would be renewed for every candidate.
+        self.timeout, self.session_timeout = timeout, max(session_timeout, 4 * timeout + 10)
         self.on_hang = on_hang
         self._session: _Session | None = None
         self._references: dict[str, tuple[list[np.ndarray], np.ndarray, float]] = {}
@@ -106,7 +107,8 @@ class RPCRunner:
     def session(self) -> _Session:
         """The open session, renewed before the server's session timeout could end it."""
         s = self._session
-        if s is not None and time.monotonic() - s.opened > self.session_timeout - 3 * self.timeout:
+        # A candidate started now must finish before the server ends the session.
+        if s is not None and time.monotonic() - s.opened + self.timeout + 5 > self.session_timeout:
             self.close()
             s = None
         if s is None:

@@ -1,0 +1,117 @@
+"""Measurement throughput of one device: the farm's runner versus stock MetaSchedule's RPCRunner.
+
+    python bench/measure_throughput.py --target cuda --preset resnet-last-conv --candidates 32
+
+Both measure the same built candidates through the same tracker and the same RPC server
+(the farm's, which is TVM's server plus a cubin cache) with the same EvaluatorConfig
+(number=10, repeat=3, min_repeat_ms=50 unless given). Stock MetaSchedule opens a session per
+candidate and lets the GPU node compile the CUDA source at load time; the farm keeps one
+session open, ships the cubin compiled on the build node, and also checks every output
+against the NumPy reference. Prints candidates per second for each and their ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from deploy.local_cluster import LocalTracker
+from farm.measure import Status
+from farm.search import RandomSearch
+from farm.targets import parse_target
+from farm.task import Task
+from farm.workloads import make_workload
+from workers.builder import Builder, BuildResult
+from workers.device import ServerProcess, wait_for_keys
+from workers.runner import EvaluatorConfig, RPCRunner
+
+
+def stock_metaschedule(task: Task, builds: list[BuildResult], tracker: tuple[str, int], key: str,
+                       ev: EvaluatorConfig) -> tuple[float, list[float | None]]:
+    """Seconds to measure `builds` with ms.runner.RPCRunner, and each candidate's mean latency."""
+    from tvm.s_tir import meta_schedule as ms
+
+    runner = ms.runner.RPCRunner(
+        rpc_config=ms.runner.RPCConfig(tracker_host=tracker[0], tracker_port=tracker[1], tracker_key=key,
+                                       session_priority=1, session_timeout_sec=120),
+        evaluator_config=ms.runner.EvaluatorConfig(number=ev.number, repeat=ev.repeat,
+                                                   min_repeat_ms=ev.min_repeat_ms),
+    )
+    wl = task.workload
+    args = [ms.arg_info.TensorInfo(wl.dtype, list(s)) for s in [*wl.input_shapes(), wl.output_shape()]]
+    device = "cuda" if task.target.is_gpu else "cpu"
+    inputs = [ms.runner.RunnerInput(b.library, device, args) for b in builds]
+    start = time.perf_counter()
+    results = [f.result() for f in runner.run(inputs)]
+    seconds = time.perf_counter() - start
+    latencies = [statistics.fmean(float(x) for x in r.run_secs) if r.run_secs else None for r in results]
+    return seconds, latencies
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--target", default="llvm")
+    parser.add_argument("--preset", default="resnet-last-conv")
+    parser.add_argument("--candidates", type=int, default=16)
+    parser.add_argument("--number", type=int, default=10)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--min-repeat-ms", type=int, default=50)
+    parser.add_argument("--json", type=Path, help="write the figures here")
+    args = parser.parse_args()
+
+    task = Task(make_workload(args.preset), parse_target(args.target))
+    ev = EvaluatorConfig(args.number, args.repeat, args.min_repeat_ms)
+    indices = RandomSearch(task, task.space.shards(1)[0], seed=1).propose(args.candidates)
+    logs = Path(tempfile.mkdtemp(prefix="farm-bench-"))
+    with Builder() as builder, LocalTracker(log=logs / "tracker.log") as tracker:
+        start = time.perf_counter()
+        builds = [b for b in builder.build(task, indices) if b.ok]
+        build_seconds = time.perf_counter() - start
+        print(f"built {len(builds)}/{len(indices)} candidates of {task} in {build_seconds:.1f} s "
+              f"({builder.workers} processes)")
+        server = ServerProcess(tracker.address, "bench-device", task.target.kind,
+                               "0" if task.target.is_gpu else None, log=logs / "server.log")
+        try:
+            wait_for_keys(tracker.address, [server.key], 120, [server.proc])
+            runner = RPCRunner(tracker.address, server.key, task.target.kind, ev, timeout=60,
+                               on_hang=server.kill_sessions)
+            start = time.perf_counter()
+            farm = runner.measure(task, builds)
+            farm_seconds = time.perf_counter() - start
+            runner.close()  # the server serves one session at a time
+            stock_seconds, stock = stock_metaschedule(task, builds, tracker.address, server.key, ev)
+        finally:
+            server.stop()
+
+    ok = [r for r in farm if r.status is Status.OK]
+    pairs = [(statistics.fmean(r.latencies), s) for r, s in zip(farm, stock, strict=True) if r.ok and s]
+    agreement = statistics.median(abs(a - b) / b for a, b in pairs) if pairs else float("nan")
+    figures: dict[str, Any] = {
+        "task": str(task), "device": ok[0].device if ok else "", "candidates": len(builds),
+        "evaluator": {"number": ev.number, "repeat": ev.repeat, "min_repeat_ms": ev.min_repeat_ms},
+        "build_seconds": build_seconds,
+        "farm_seconds": farm_seconds, "farm_per_candidate": farm_seconds / max(1, len(builds)),
+        "farm_ok": len(ok), "farm_sessions": runner.sessions_opened,
+        "stock_seconds": stock_seconds, "stock_per_candidate": stock_seconds / max(1, len(builds)),
+        "stock_ok": sum(s is not None for s in stock),
+        "speedup": stock_seconds / farm_seconds if farm_seconds else float("nan"),
+        "median_latency_disagreement": agreement,
+    }
+    print(f"device: {figures['device']}")
+    print(f"farm runner:  {farm_seconds:7.1f} s  {figures['farm_per_candidate']:.3f} s/candidate  "
+          f"({len(ok)} ok, {runner.sessions_opened} session(s), outputs checked)")
+    print(f"stock RPCRunner: {stock_seconds:7.1f} s  {figures['stock_per_candidate']:.3f} s/candidate  "
+          f"({figures['stock_ok']} ok)")
+    print(f"speedup: {figures['speedup']:.1f}x candidates per second; median latency disagreement "
+          f"{agreement * 100:.1f}%")
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2))
+
+
+if __name__ == "__main__":
+    main()
