@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The GPU measurements, run on a lent H100/H200 after the device bundles are staged
+# (../shared/device/README.md). Steps (default: all, in this order):
+#   torch       PyTorch/cuDNN latency of every preset (bench/torch_baseline.py)
+#   smoke       a 24-trial cuda job on a small matmul: the cuda path works end to end
+#   throughput  farm runner vs stock MetaSchedule RPCRunner on 32 resnet-last-conv candidates
+#   tune        a TRIALS-trial cuda tuning job of resnet-last-conv, exported
+#   bash bench/gpu_session.sh OUTDIR [STEP ...]      (TRIALS=300 by default)
+set -uo pipefail
+OUT=${1:?output folder}; shift
+STEPS=${*:-torch smoke throughput tune}
+TRIALS=${TRIALS:-300}
+mkdir -p "$OUT"
+export PYTHONPATH=${PYTHONPATH:-}:$PWD PYTHONUNBUFFERED=1
+nvidia-smi -L | tee "$OUT/gpu.txt"
+step() { local name=$1 limit=$2; shift 2; echo "== $name"; local t0=$SECONDS
+  timeout "$limit" "$@" > >(tee "$OUT/$name.log") 2>&1; echo "== $name: exit $? in $((SECONDS - t0)) s"; }
+for s in $STEPS; do
+  case $s in
+    torch) step torch 120 python3 bench/torch_baseline.py --json "$OUT/torch.json" ;;
+    smoke) step smoke 240 python3 -m farm tune matmul M=256 N=256 K=256 --target cuda --trials 24 \
+             --db "sqlite:///$OUT/smoke.db" --log-dir "$OUT/logs-smoke" ;;
+    throughput) step throughput 400 python3 bench/measure_throughput.py --target cuda \
+             --preset resnet-last-conv --candidates 32 --json "$OUT/throughput.json" ;;
+    tune) step tune 560 python3 -m farm tune resnet-last-conv --target cuda --trials "$TRIALS" \
+             --db "sqlite:///$OUT/farm.db" --export "$OUT/best.json" --log-dir "$OUT/logs" ;;
+    *) echo "unknown step $s" >&2; exit 2 ;;
+  esac
+done
