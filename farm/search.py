@@ -7,18 +7,29 @@ Contract for every strategy:
 - `observe(results)` feeds back measurements (the model-guided search learns from them).
 - Strategies are cheap to construct and are created per shard with a seed, so a run is
   reproducible given its seed.
+- Model-guided strategies (`XGBSearch`) also take `set_model(model)`: the scheduler hands every
+  shard the cost model it retrained after each round (farm.costmodel).
 """
 
 from __future__ import annotations
 
+import math
 import random
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
+from functools import lru_cache
+from typing import TYPE_CHECKING
+
+import numpy as np
 
 from farm.errors import FarmError
+from farm.features import Featurizer, featurizer
 from farm.measure import MeasureResult
-from farm.space import Shard
+from farm.space import Knob, Shard, SplitKnob
 from farm.task import Task
+
+if TYPE_CHECKING:
+    from farm.costmodel import CostModel
 
 # Random proposals that fail the validity check before a shard counts as exhausted.
 _MAX_REJECTS = 20_000
@@ -106,7 +117,220 @@ class GridSearch(SearchStrategy):
         return out
 
 
-STRATEGIES: dict[str, type[SearchStrategy]] = {s.name: s for s in (RandomSearch, GridSearch)}
+class XGBSearch(RandomSearch):
+    """Simulated annealing on the cost model's score, with random exploration.
+
+    Until `set_model` gives it a trained model it is RandomSearch with the same seed (the same
+    configs, in the same order). With one, it plans batches (again whenever a new model
+    arrives or the plan is used up):
+
+    - `chains` annealing chains start from the best configs this shard has measured and from
+      random configs of the shard; each of `steps` steps changes one knob of every chain (a
+      split moves one prime factor from one position to another, keeping the product; a
+      choice takes another value), moves it back into the shard if it left it, and accepts
+      the move by the Metropolis rule at a temperature falling to 0. Moves onto configs that
+      fail the template's check are refused. A shard no larger than what the chains would
+      score is scored whole instead.
+    - From the configs scored, best first, never any in `seen` and only valid ones, the plan
+      is picked greedily, passing over near-duplicates: configs that differ from one already
+      picked in fewer than `min_distance` knobs (an infinite distance penalty).
+
+    Every batch draws a share `epsilon` of its configs uniformly at random (exploration), the
+    rest from the plan.
+    """
+
+    name = "xgb"
+
+    def __init__(self, task: Task, shard: Shard, seed: int = 0, *, epsilon: float = 0.15, chains: int = 128,
+                 steps: int = 40, min_distance: int = 2, plan_size: int = 32) -> None:
+        super().__init__(task, shard, seed)
+        self.epsilon, self.chains, self.steps = epsilon, chains, steps
+        self.min_distance, self.plan_size = min_distance, plan_size
+        self.model: CostModel | None = None
+        self._np = np.random.default_rng([seed, shard.number, shard.count])
+        self._plan: list[int] = []
+        self._measured: dict[int, float] = {}  # this shard's results: index -> latency (inf if failed)
+        self._validity: dict[int, bool] = {}
+
+    @property
+    def features(self) -> Featurizer:
+        return featurizer(self.task)
+
+    def set_model(self, model: CostModel | None) -> None:
+        """Use `model` from now on (None or untrained: random search); drops the current plan."""
+        self.model = model if model is not None and model.trained else None
+        self._plan = []
+
+    def observe(self, results: list[MeasureResult]) -> None:
+        for r in results:
+            self.seen.add(r.config_index)
+            self._measured[r.config_index] = r.latency if r.latency is not None else math.inf
+
+    def propose(self, n: int) -> list[int]:
+        if self.model is None or n <= 0:
+            return super().propose(n)
+        explore = int(self._np.binomial(n, self.epsilon))
+        out = super().propose(explore) if explore else []
+        while len(out) < n:
+            self._plan = [i for i in self._plan if i not in self.seen]
+            if not self._plan:
+                self._plan = self._make_plan(max(self.plan_size, n - len(out)))
+                if not self._plan:  # nothing unseen and valid was found: fall back to random
+                    out += super().propose(n - len(out))
+                    break
+            take, self._plan = self._plan[: n - len(out)], self._plan[n - len(out):]
+            self.seen.update(take)
+            out += take
+        return out
+
+    # --- planning ------------------------------------------------------------------------
+
+    def _make_plan(self, size: int) -> list[int]:
+        """Up to `size` diverse, valid, unseen configs of the shard, best predicted first."""
+        indices, scores = self._candidates()
+        order = np.argsort(-scores, kind="stable")
+        pool: list[int] = []
+        for i in indices[order].tolist():
+            if i not in self.seen and self._is_valid(i):
+                pool.append(i)
+                if len(pool) >= 8 * size:
+                    break
+        return self._pick_diverse(pool, size)
+
+    def _candidates(self) -> tuple[np.ndarray, np.ndarray]:
+        """Distinct configs of the shard with their scores: the whole shard if small, else the
+        configs the annealing chains visited."""
+        feats = self.features
+        assert self.model is not None
+        if self.shard.size <= self.chains * (self.steps + 1):
+            indices = np.arange(self.shard.number, self.task.space.size, self.shard.count, dtype=np.int64)
+            return indices, self._score(feats.codes(indices))
+        codes = self._starts()
+        scores = self._score(codes)
+        visited, visited_scores = [feats.indices(codes)], [scores]
+        temperature = float(np.std(scores)) or 1.0
+        for step in range(self.steps):
+            moved = self._neighbours(codes)
+            moved_scores = self._score(moved)
+            moved_indices = feats.indices(moved)
+            visited.append(moved_indices)
+            visited_scores.append(moved_scores)
+            t = temperature * (1.0 - step / self.steps)
+            gain = moved_scores - scores
+            accept = (gain >= 0) | (self._np.random(len(codes)) < np.exp(np.minimum(gain, 0) / max(t, 1e-9)))
+            for row in np.nonzero(accept)[0]:
+                if not self._is_valid(int(moved_indices[row])):
+                    accept[row] = False
+            codes[accept], scores[accept] = moved[accept], moved_scores[accept]
+        indices = np.concatenate(visited)
+        all_scores = np.concatenate(visited_scores)
+        unique, first = np.unique(indices, return_index=True)
+        return unique, all_scores[first]
+
+    def _starts(self) -> np.ndarray:
+        """Codes of the chains' starting points: the shard's best measured configs (up to half the
+        chains), the rest uniformly random configs of the shard."""
+        best = sorted((lat, i) for i, lat in self._measured.items() if math.isfinite(lat))
+        seeds = [i for _, i in best[: self.chains // 2]]
+        random_count = self.chains - len(seeds)
+        local = self._np.integers(0, self.shard.size, size=random_count)
+        indices = np.concatenate([np.array(seeds, dtype=np.int64), self.shard.number + local * self.shard.count])
+        return self.features.codes(indices)
+
+    def _neighbours(self, codes: np.ndarray) -> np.ndarray:
+        """Each row with one knob moved to a neighbouring value, then moved back into the shard."""
+        feats = self.features
+        mutable = [j for j, k in enumerate(feats.knobs) if len(k) > 1]
+        moved = codes.copy()
+        if not mutable:
+            return moved
+        which = self._np.choice(mutable, size=len(codes))
+        for j in mutable:
+            rows = np.nonzero(which == j)[0]
+            table, degree = _neighbour_table(feats.knobs[j])
+            current = codes[rows, j]
+            pick = (self._np.random(len(rows)) * degree[current]).astype(np.int64)
+            moved[rows, j] = table[current, pick]
+        if self.shard.count == 1:
+            return moved
+        indices = feats.indices(moved)
+        indices -= (indices - self.shard.number) % self.shard.count
+        indices[indices < 0] += self.shard.count
+        return feats.codes(indices)
+
+    def _score(self, codes: np.ndarray) -> np.ndarray:
+        assert self.model is not None
+        feats = self.features
+        return self.model.predict(feats.features(codes), feats.names).astype(np.float64)
+
+    def _is_valid(self, index: int) -> bool:
+        if index not in self._validity:
+            self._validity[index] = self.task.check(self.task.space.get(index)) is None
+        return self._validity[index]
+
+    def _pick_diverse(self, pool: list[int], size: int) -> list[int]:
+        """Up to `size` configs of `pool` (best first), greedily in order, passing over any that
+        differs from an already picked config in fewer than `min_distance` knobs; the ones passed
+        over fill the plan only if too few remain."""
+        if len(pool) <= 1:
+            return pool[:size]
+        codes = self.features.codes(pool)
+        picked: list[int] = []
+        passed: list[int] = []
+        for k in range(len(pool)):
+            if len(picked) == size:
+                break
+            if picked and (codes[picked] != codes[k]).sum(axis=1).min() < self.min_distance:
+                passed.append(k)
+            else:
+                picked.append(k)
+        picked += passed[: size - len(picked)]
+        return [pool[k] for k in picked]
+
+
+@lru_cache(maxsize=1024)
+def _neighbour_table(knob: Knob) -> tuple[np.ndarray, np.ndarray]:
+    """(table, degree): row v lists the value positions one move away from value v, padded;
+    degree[v] is how many there are. A split's move takes one prime factor from one position to
+    another (product kept); a choice may move to any other value."""
+    if not isinstance(knob, SplitKnob):
+        size = len(knob)
+        table = np.array([[w for w in range(size) if w != v] for v in range(size)], dtype=np.int64)
+        return table.reshape(size, max(size - 1, 0)), np.full(size, size - 1, dtype=np.int64)
+    rows: list[list[int]] = []
+    for value in knob.values:
+        found: set[int] = set()
+        for src, factor in enumerate(value):
+            for p in _primes(factor):
+                for dst in range(knob.parts):
+                    if dst != src:
+                        moved = list(value)
+                        moved[src] //= p
+                        moved[dst] *= p
+                        found.add(knob.index(tuple(moved)))
+        rows.append(sorted(found))
+    width = max(1, max(len(r) for r in rows))
+    table = np.zeros((len(rows), width), dtype=np.int64)
+    for v, r in enumerate(rows):
+        table[v, : len(r)] = r
+    return table, np.array([len(r) for r in rows], dtype=np.int64)
+
+
+def _primes(n: int) -> list[int]:
+    """The distinct prime factors of n."""
+    out, d = [], 2
+    while d * d <= n:
+        if n % d == 0:
+            out.append(d)
+            while n % d == 0:
+                n //= d
+        d += 1
+    if n > 1:
+        out.append(n)
+    return out
+
+
+STRATEGIES: dict[str, type[SearchStrategy]] = {s.name: s for s in (RandomSearch, GridSearch, XGBSearch)}
 
 
 def make_search(name: str, task: Task, shard: Shard, seed: int = 0) -> SearchStrategy:

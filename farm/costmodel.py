@@ -1,0 +1,259 @@
+"""The shared XGBoost cost model: ranks configs of a task by predicted speed.
+
+One model per family (template + target kind + workload name, farm.jobs.family_key), trained on every
+measured trial of the family's tasks, whatever their shape: the features (farm.features) carry
+the shape, and the labels are ranked within a shape only. So a model trained on some shapes
+ranks the configs of a shape it never saw (transfer, `farm predict`).
+
+- Objective: XGBoost's ``rank:pairwise`` with queries = workload shapes; the label of a trial
+  is its throughput relative to the best of its shape (best latency / latency, in (0, 1]); a
+  failed trial (build error, invalid, wrong result, timeout) counts as the slowest (0).
+- `CostModel.predict` returns scores, higher = faster; only their order within one shape means
+  anything. An untrained model scores everything 0.
+- Serialised with XGBoost's own UBJSON (`to_bytes`/`from_bytes`), never pickle. A stored model
+  that cannot be read is reported (`CostModelError`; `load_model` logs a warning and starts a
+  fresh model) rather than crashing a tuning job.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from farm.errors import FarmError
+from farm.features import featurizer
+from farm.measure import MeasureResult
+from farm.task import Task
+from farm.workloads import workload_from_json
+
+log = logging.getLogger("farm.costmodel")
+
+# Chosen on measured llvm tuning data (docs/benchmarks/costmodel.md): 8 sampled pairs per trial
+# and 120 trees of depth 6 rank as well as larger settings and train 10,000 trials in ~1 s on 2 cores.
+XGB_PARAMS: dict[str, Any] = {
+    "objective": "rank:pairwise",
+    "lambdarank_pair_method": "mean",
+    "lambdarank_num_pair_per_sample": 8,
+    "eta": 0.2,
+    "max_depth": 6,
+    "min_child_weight": 1.0,
+    "tree_method": "hist",
+    "max_bin": 64,
+}
+BOOST_ROUNDS = 120
+# Fewer rows than this, or a single label value, teach nothing: the model stays as it was.
+MIN_TRAINING_ROWS = 8
+
+
+class CostModelError(FarmError):
+    """A stored cost model that cannot be used (corrupt bytes, not an XGBoost model)."""
+
+
+class CostModel:
+    """An XGBoost ranking model over named features (see the module docstring).
+
+    Not thread-safe while fitting; `predict` may be called from several threads.
+    """
+
+    def __init__(self, booster: Any = None, feature_names: Sequence[str] = (), seed: int = 0) -> None:
+        self.booster = booster
+        self.feature_names = list(feature_names)
+        self.seed = seed
+        self._layout: dict[tuple[str, ...], np.ndarray] = {}
+
+    @property
+    def trained(self) -> bool:
+        return self.booster is not None
+
+    def fit(self, features: np.ndarray, feature_names: Sequence[str], labels: np.ndarray,
+            groups: np.ndarray) -> CostModel:
+        """Train from scratch on `features` (n, F) with relevance `labels` (n,) in [0, 1].
+
+        `groups` (n,) says which rows are ranked against each other (one id per shape). Returns
+        self. With fewer than MIN_TRAINING_ROWS rows or one label value it changes nothing.
+        """
+        import xgboost as xgb
+
+        if len(labels) < MIN_TRAINING_ROWS or np.ptp(labels) == 0:
+            return self
+        order = np.argsort(groups, kind="stable")  # XGBoost wants each query's rows together
+        data = xgb.DMatrix(features[order], label=labels[order], qid=groups[order],
+                           feature_names=list(feature_names))
+        params = {**XGB_PARAMS, "seed": self.seed, "nthread": os.cpu_count() or 1}
+        self.booster = xgb.train(params, data, num_boost_round=BOOST_ROUNDS)
+        self.feature_names = list(feature_names)
+        self._layout.clear()
+        return self
+
+    def predict(self, features: np.ndarray, feature_names: Sequence[str]) -> np.ndarray:
+        """Scores (n,) float32, higher = predicted faster; zeros from an untrained model.
+
+        Columns are matched by name: a feature the model never saw is ignored and one it
+        expects but `features` lacks is missing (NaN), so a model survives knobs being added.
+        """
+        if self.booster is None:
+            return np.zeros(len(features), dtype=np.float32)
+        layout = self._columns(tuple(feature_names))
+        aligned = np.full((len(features), len(self.feature_names)), np.nan, dtype=np.float32)
+        present = layout >= 0
+        aligned[:, present] = features[:, layout[present]]
+        return np.asarray(self.booster.inplace_predict(aligned, validate_features=False), dtype=np.float32)
+
+    def _columns(self, names: tuple[str, ...]) -> np.ndarray:
+        if names not in self._layout:
+            position = {name: i for i, name in enumerate(names)}
+            self._layout[names] = np.array([position.get(n, -1) for n in self.feature_names], dtype=np.intp)
+        return self._layout[names]
+
+    def to_bytes(self) -> bytes:
+        """The booster as XGBoost UBJSON (feature names included); ValueError if untrained."""
+        if self.booster is None:
+            raise ValueError("an untrained cost model has nothing to save")
+        return bytes(self.booster.save_raw("ubj"))
+
+    @classmethod
+    def from_bytes(cls, data: bytes, seed: int = 0) -> CostModel:
+        """Load a model saved by `to_bytes`; CostModelError if `data` is not one."""
+        import xgboost as xgb
+
+        try:
+            booster = xgb.Booster(model_file=bytearray(data))
+            names = booster.feature_names
+            # A damaged buffer can parse: only an exact round trip proves the model is whole.
+            whole = bytes(booster.save_raw("ubj")) == bytes(data)
+        except (xgb.core.XGBoostError, ValueError, TypeError) as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise CostModelError(f"stored cost model is not a readable XGBoost model ({first[:200]})") from None
+        if not whole:
+            raise CostModelError("stored cost model is not a readable XGBoost model (damaged: it does not "
+                                 "serialise back to the stored bytes)")
+        if not names:
+            raise CostModelError("stored cost model has no feature names: it was not saved by the farm")
+        booster.set_param({"nthread": os.cpu_count() or 1})
+        return cls(booster, names, seed)
+
+
+@dataclass
+class StoredModel:
+    """A model and its id in the store (None: not stored, e.g. a fresh one)."""
+
+    model: CostModel
+    model_id: int | None
+
+
+def load_model(store: Any, family: str) -> StoredModel | None:
+    """The family's newest model from `store` (a db.store.ResultStore), None if it has none.
+
+    A stored model that cannot be read is logged as a warning and replaced by a fresh,
+    untrained model (model_id None): tuning goes on, and the next retrain saves a good one.
+    """
+    row = store.latest_model(family)
+    if row is None:
+        return None
+    try:
+        return StoredModel(CostModel.from_bytes(row["model"]), row["id"])
+    except CostModelError as e:
+        log.warning("cost model %s (version %s of %s): %s; starting from a fresh model",
+                    row["id"], row["version"], family, e)
+        return StoredModel(CostModel(), None)
+
+
+# --- labels, training sets, evaluation -------------------------------------------------------
+
+
+def relative_throughput(latencies: np.ndarray, groups: np.ndarray) -> np.ndarray:
+    """Labels: best latency of the row's group / the row's latency, in (0, 1]; NaN (failed) -> 0."""
+    lat = np.asarray(latencies, dtype=np.float64)
+    ok = np.isfinite(lat) & (lat > 0)
+    best = pd.Series(np.where(ok, lat, np.inf)).groupby(np.asarray(groups)).transform("min").to_numpy()
+    return np.where(ok, best / np.where(ok, lat, 1.0), 0.0)
+
+
+@dataclass
+class TrainingSet:
+    """Feature rows of measured trials, ready for `CostModel.fit`."""
+
+    features: np.ndarray
+    feature_names: list[str]
+    labels: np.ndarray
+    groups: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+
+def training_set(trials: pd.DataFrame, task: Task) -> TrainingSet:
+    """Features and labels of a family's trials (`ResultStore.trials_for_family`'s frame).
+
+    Every shape (``params``) is featurized with its own space; trials whose config no longer
+    fits that space (an older template) are left out. Columns are the union over shapes, a
+    feature some shape lacks being NaN (missing, to XGBoost).
+    """
+    blocks: list[tuple[list[str], np.ndarray, np.ndarray]] = []
+    groups: list[np.ndarray] = []
+    for number, (key, frame) in enumerate(trials.groupby("workload_key", sort=False)):
+        wl = workload_from_json({"name": task.workload.name, "params": frame["params"].iloc[0]})
+        feats = featurizer(Task(wl, task.target))
+        codes, fits = feats.codes_of_configs(list(frame["config"]))
+        if not len(codes):
+            log.info("no trial of %s fits its current space; left out of training", key)
+            continue
+        latency = np.where(frame["status"].to_numpy() == "ok", frame["latency"].to_numpy(dtype=np.float64), np.nan)
+        blocks.append((feats.names, feats.features(codes), latency[fits]))
+        groups.append(np.full(len(codes), number, dtype=np.int64))
+    if not blocks:
+        return TrainingSet(np.zeros((0, 0), np.float32), [], np.zeros(0), np.zeros(0, np.int64))
+    names = list(dict.fromkeys(name for block_names, _, _ in blocks for name in block_names))
+    features = np.vstack([_aligned(values, block_names, names) for block_names, values, _ in blocks])
+    group = np.concatenate(groups)
+    labels = relative_throughput(np.concatenate([lat for _, _, lat in blocks]), group)
+    return TrainingSet(features, names, labels, group)
+
+
+def _aligned(values: np.ndarray, names: list[str], to: list[str]) -> np.ndarray:
+    if names == to:
+        return values
+    position = {name: i for i, name in enumerate(names)}
+    out = np.full((len(values), len(to)), np.nan, dtype=np.float32)
+    for j, name in enumerate(to):
+        if name in position:
+            out[:, j] = values[:, position[name]]
+    return out
+
+
+def spearman(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.ndarray) -> float | None:
+    """Spearman rank correlation (ties averaged); None when either side is constant."""
+    x, y = pd.Series(np.asarray(a, dtype=np.float64)), pd.Series(np.asarray(b, dtype=np.float64))
+    if len(x) < 2 or x.nunique() < 2 or y.nunique() < 2:
+        return None
+    return float(x.rank().corr(y.rank()))
+
+
+def rank_correlation(model: CostModel, task: Task, results: Sequence[MeasureResult]) -> float | None:
+    """How well `model` ranked `results` of `task`: Spearman between its scores and the measured
+    throughput (failed configs slowest). None if the model is untrained or nothing can be ranked."""
+    if not model.trained or not results:
+        return None
+    feats = featurizer(task)
+    codes = feats.codes([r.config_index for r in results])
+    scores = model.predict(feats.features(codes), feats.names)
+    latency = np.array([r.latency if r.latency is not None else np.nan for r in results], dtype=np.float64)
+    return spearman(scores, relative_throughput(latency, np.zeros(len(results), dtype=np.int64)))
+
+
+def train(trials: pd.DataFrame, task: Task, seed: int = 0) -> tuple[CostModel, TrainingSet, float]:
+    """A fresh model fitted to a family's trials: (model, its training set, seconds taken).
+
+    The model is untrained when the trials teach nothing (see `CostModel.fit`).
+    """
+    start = time.perf_counter()
+    data = training_set(trials, task)
+    model = CostModel(seed=seed).fit(data.features, data.feature_names, data.labels, data.groups)
+    return model, data, time.perf_counter() - start

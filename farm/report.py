@@ -1,0 +1,117 @@
+"""Seeing the model learn: tuning curves (`farm report`) and the rounds of a job (`farm status`).
+
+A tuning curve is the best latency found so far against the number of trials, one line per
+task of each job, so jobs that tuned the same workload with different searches (random, xgb)
+can be compared on one plot. The round summary lists, per task and round, the trials so far,
+the best latency, and the Spearman rank correlation of the cost model that guided the round
+with what the round measured (recorded by scheduler.retrain).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from farm.errors import FarmError
+
+
+@dataclass
+class Curve:
+    """Best latency so far (µs; NaN before the first correct trial) after each trial of one task."""
+
+    label: str
+    workload: str
+    best_us: np.ndarray
+
+    @property
+    def trials(self) -> np.ndarray:
+        return np.arange(1, len(self.best_us) + 1)
+
+
+def _job(store: Any, job_id: int) -> dict[str, Any]:
+    job = store.job(job_id)
+    if job is None:
+        raise FarmError(f"no job {job_id} in the database; `farm jobs` lists the jobs")
+    return job
+
+
+def _workload(task: dict[str, Any]) -> str:
+    params = ",".join(f"{k}={v}" for k, v in task["workload"]["params"].items() if k != "dtype")
+    return f"{task['workload']['name']}({params}) on {task['target_kind']}"
+
+
+def tuning_curves(store: Any, job_ids: list[int]) -> list[Curve]:
+    """One curve per task of each job, trials in the order they were stored.
+
+    `store` is a db.store.ResultStore; FarmError for a job that does not exist.
+    """
+    curves = []
+    for job_id in job_ids:
+        job = _job(store, job_id)
+        trials = store.trials(job_id=job_id)
+        for task in job["tasks"]:
+            latency = trials.loc[trials["task_id"] == task["id"], "latency"].to_numpy(dtype=np.float64)
+            best = np.fmin.accumulate(np.where(np.isnan(latency), np.inf, latency)) * 1e6
+            label = f"job {job_id} ({job['search']})"
+            if len(job["tasks"]) > 1:
+                label += f" task {task['id']}"
+            curves.append(Curve(label, _workload(task), np.where(np.isinf(best), np.nan, best)))
+    return curves
+
+
+def plot_tuning_curves(store: Any, job_ids: list[int], output: str | Path) -> Path:
+    """Write the jobs' tuning curves to the PNG `output`, one panel per workload; returns its path.
+
+    FarmError for an unknown job, a folder that does not exist, or nothing measured yet.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display: files only
+    import matplotlib.pyplot as plt
+
+    path = Path(output)
+    if not (path.parent if str(path.parent) else Path(".")).is_dir():
+        raise FarmError(f"cannot write {path}: folder {path.parent} does not exist")
+    curves = [c for c in tuning_curves(store, job_ids) if len(c.best_us)]
+    if not curves:
+        raise FarmError(f"job(s) {', '.join(map(str, job_ids))} have no measured trials yet: nothing to plot")
+    workloads = list(dict.fromkeys(c.workload for c in curves))
+    fig, axes = plt.subplots(len(workloads), 1, figsize=(7, 3.2 * len(workloads)), squeeze=False)
+    for ax, workload in zip(axes[:, 0], workloads, strict=True):
+        for c in (c for c in curves if c.workload == workload):
+            ax.step(c.trials, c.best_us, where="post", label=c.label)
+        ax.set_title(workload, fontsize=9)
+        ax.set_xlabel("trials")
+        ax.set_ylabel("best latency (µs)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def job_rounds(store: Any, job_id: int) -> list[dict[str, Any]]:
+    """Per task of the job: its id, workload, and its rounds (rows of store.rounds)."""
+    job = _job(store, job_id)
+    return [{"task_id": t["id"], "workload": _workload(t), "rounds": store.rounds(t["id"])} for t in job["tasks"]]
+
+
+def rounds_summary(store: Any, job_id: int) -> str:
+    """The job's rounds as text: per task, one line per round (trials, best µs, rank corr, model)."""
+    lines = []
+    for task in job_rounds(store, job_id):
+        lines.append(f"task {task['task_id']}: {task['workload']}")
+        if not task["rounds"]:
+            lines.append("  no round closed yet")
+            continue
+        lines.append(f"  {'round':>5} {'trials':>7} {'best µs':>10} {'rank corr':>9} {'model':>6}")
+        for r in task["rounds"]:
+            best = "-" if r["best_latency"] is None else f"{r['best_latency'] * 1e6:.2f}"
+            corr = "-" if r["rank_corr"] is None else f"{r['rank_corr']:.2f}"
+            model = "-" if r["model_id"] is None else str(r["model_id"])
+            lines.append(f"  {r['round']:>5} {r['trials']:>7} {best:>10} {corr:>9} {model:>6}")
+    return "\n".join(lines)

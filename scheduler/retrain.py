@@ -1,0 +1,81 @@
+"""Retraining the shared cost model when a round closes, and the model a task starts from.
+
+The scheduler's tuning loop (scheduler.tuner) calls, per task:
+
+- `starting_model(store, row)` before the first round: the family's latest model (so a new
+  shape of a template and target kind tuned before is model-guided from its first batch),
+- `retrain(store, row, task, current, results)` at each round close, after the round's
+  results are flushed to the store and before the round is recorded; the model it returns
+  guides the next round (`XGBSearch.set_model`) and is `current` at the next round close.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from farm.costmodel import CostModel, StoredModel, load_model, rank_correlation, train
+from farm.measure import MeasureResult
+from farm.task import Task
+
+log = logging.getLogger("farm.scheduler")
+
+# Newest trials of a family trained on: bounds retraining time (about 1 s per 10,000 trials
+# on 2 cores) however long a family has been tuned.
+MAX_TRAINING_TRIALS = 20_000
+
+
+@dataclass
+class Retrained:
+    """What `retrain` did.
+
+    `current`: the model to guide the next round (the previous one, unchanged, when the family's
+    trials teach nothing yet). `rank_corr`: how well the previous model ranked the round just
+    finished (None without a previous trained model), to record with that round.
+    """
+
+    current: StoredModel
+    rank_corr: float | None
+    training_rows: int
+    training_seconds: float
+
+
+def starting_model(store: Any, row: dict[str, Any]) -> StoredModel | None:
+    """The latest model of the task's family (`row` is a dict of store.tasks), None if none.
+
+    A corrupt stored model is logged and replaced by a fresh one (see farm.costmodel.load_model).
+    """
+    return load_model(store, row["family_key"])
+
+
+def retrain(store: Any, row: dict[str, Any], task: Task, previous: StoredModel | None,
+            results: Sequence[MeasureResult], max_trials: int = MAX_TRAINING_TRIALS) -> Retrained:
+    """Score the model that guided the round on its `results`, retrain on the family, save.
+
+    (a) `previous`'s Spearman rank correlation on `results` is stored with it
+        (`store.set_model_rank_corr`) and returned, for the round's record.
+    (b) A fresh model is trained on the newest `max_trials` trials of every task of the family
+        (this task's included; `store.trials_for_family`), all shapes together.
+    (c) It is saved (`store.save_model`, XGBoost UBJSON, with its training rows and seconds) and
+        returned with its id. When the trials teach nothing (fewer than 8, or no two throughputs
+        differ) nothing is saved and the previous model is returned.
+
+    `store` is a db.store.ResultStore, `row` the task's dict from `store.tasks`, `task` its Task.
+    """
+    rank_corr = None
+    if previous is not None:
+        rank_corr = rank_correlation(previous.model, task, results)
+        if rank_corr is not None and previous.model_id is not None:
+            store.set_model_rank_corr(previous.model_id, rank_corr)
+    trials = store.trials_for_family(row["family_key"], limit=max_trials)
+    model, data, seconds = train(trials, task)
+    if not model.trained:
+        log.info("task %s: %d trials teach the cost model nothing yet", row["id"], len(data))
+        return Retrained(previous or StoredModel(CostModel(), None), rank_corr, 0, seconds)
+    model_id = store.save_model(row["family_key"], row["id"], model.to_bytes(), model.feature_names,
+                                len(data), seconds)
+    log.info("task %s: cost model %d trained on %d trials in %.2f s (previous model's rank correlation %s)",
+             row["id"], model_id, len(data), seconds, "n/a" if rank_corr is None else f"{rank_corr:.2f}")
+    return Retrained(StoredModel(model, model_id), rank_corr, len(data), seconds)
