@@ -21,12 +21,14 @@ from workers.runner import RPCRunner
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """A tracker and one farm RPC server for llvm, as `farm tune` starts them."""
+@pytest.fixture(scope="module", params=["fork", "no-fork"])
+def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """A tracker and one farm RPC server for llvm, as `farm tune` starts them; also with
+    spawned session processes (--no-fork), as every cuda server runs."""
     logs = tmp_path_factory.mktemp("rpc-logs")
     with LocalTracker(log=logs / "tracker.log") as tracker:
-        server = ServerProcess(tracker.address, "test-cpu", "llvm", log=logs / "server.log")
+        server = ServerProcess(tracker.address, "test-cpu", "llvm", log=logs / "server.log",
+                               no_fork=request.param == "no-fork")
         try:
             wait_for_keys(tracker.address, [server.key], 60, [server.proc])
             yield server

@@ -80,13 +80,14 @@ class ServerProcess:
     """The farm RPC server of one device, as a child process of this one."""
 
     def __init__(self, tracker: tuple[str, int], key: str, kind: str, gpu: str | None = None,
-                 host: str = "127.0.0.1", log: Path | None = None) -> None:
+                 host: str = "127.0.0.1", log: Path | None = None, no_fork: bool | None = None) -> None:
+        """`no_fork` (default: for cuda) spawns session processes instead of forking them."""
         self.tracker, self.key, self.kind = tracker, key, kind
         port = free_port(host)
         args = ["workers.rpc_server", "--tracker", f"{tracker[0]}:{tracker[1]}", "--key", key,
                 "--host", host, "--port", str(port), "--port-end", str(port + 100)]
         env = {}
-        if kind == "cuda":
+        if kind == "cuda" if no_fork is None else no_fork:
             args.append("--no-fork")  # a forked process fails its first CUDA allocation
         if gpu is not None:
             env["CUDA_VISIBLE_DEVICES"] = gpu

@@ -93,18 +93,22 @@ def _install() -> None:
 
     from tvm.rpc import server
 
+    # By its importable name: under `python -m` this module is __main__, and a spawned
+    # session process (--no-fork) unpickles its target by module and name.
+    from workers import rpc_server
+
     serving = server._serving
 
     def serving_survives_crashes(sock: Any, addr: Any, opts: Any, load_library: Any) -> None:
         cwd = os.getcwd()
         try:
             serving(sock, addr, opts, load_library)
-        except RuntimeError as e:  # "Child process ... exited unsuccessfully"
-            log.warning("session from %s crashed: %s", addr, e)
+        except Exception as e:  # "Child process ... exited unsuccessfully", or it could not start
+            log.warning("session from %s failed: %s", addr, e)
             os.chdir(cwd)
             sock.close()
 
-    server._serve_loop = serve_loop
+    server._serve_loop = rpc_server.serve_loop
     server._serving = serving_survives_crashes
 
 
