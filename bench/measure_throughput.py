@@ -7,7 +7,8 @@ Both measure the same built candidates through the same tracker and the same RPC
 (number=10, repeat=3, min_repeat_ms=50 unless given). Stock MetaSchedule opens a session per
 candidate and lets the GPU node compile the CUDA source at load time; the farm keeps one
 session open, ships the cubin compiled on the build node, and also checks every output
-against the NumPy reference. Prints candidates per second for each and their ratio.
+against the NumPy reference. Prints candidates per second for each and their ratio; the farm is also timed with its
+screening of slow kernels (timed once when over 10x the best so far), as tuning runs use it.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from deploy.local_cluster import LocalTracker
-from farm.measure import Status
+from farm.measure import MeasureResult, Status
 from farm.search import RandomSearch
 from farm.targets import parse_target
 from farm.task import Task
@@ -53,6 +54,18 @@ def stock_metaschedule(task: Task, builds: list[BuildResult], tracker: tuple[str
     return seconds, latencies
 
 
+def farm_runner(task: Task, builds: list[BuildResult], tracker: tuple[str, int], server: ServerProcess,
+                ev: EvaluatorConfig, screen: float | None) -> tuple[list[MeasureResult], float, int]:
+    """The farm's results, seconds and sessions opened; `screen` as RPCRunner's screen_factor."""
+    runner = RPCRunner(tracker, server.key, task.target.kind, ev, timeout=60, on_hang=server.kill_sessions,
+                       screen_factor=screen)
+    start = time.perf_counter()
+    results = runner.measure(task, builds)
+    seconds = time.perf_counter() - start
+    runner.close()  # the server serves one session at a time
+    return results, seconds, runner.sessions_opened
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--target", default="llvm")
@@ -78,12 +91,8 @@ def main() -> None:
                                "0" if task.target.is_gpu else None, log=logs / "server.log")
         try:
             wait_for_keys(tracker.address, [server.key], 120, [server.proc])
-            runner = RPCRunner(tracker.address, server.key, task.target.kind, ev, timeout=60,
-                               on_hang=server.kill_sessions)
-            start = time.perf_counter()
-            farm = runner.measure(task, builds)
-            farm_seconds = time.perf_counter() - start
-            runner.close()  # the server serves one session at a time
+            farm, farm_seconds, sessions = farm_runner(task, builds, tracker.address, server, ev, screen=None)
+            screened, screened_seconds, _ = farm_runner(task, builds, tracker.address, server, ev, screen=10.0)
             stock_seconds, stock = stock_metaschedule(task, builds, tracker.address, server.key, ev)
         finally:
             server.stop()
@@ -96,19 +105,27 @@ def main() -> None:
         "evaluator": {"number": ev.number, "repeat": ev.repeat, "min_repeat_ms": ev.min_repeat_ms},
         "build_seconds": build_seconds,
         "farm_seconds": farm_seconds, "farm_per_candidate": farm_seconds / max(1, len(builds)),
-        "farm_ok": len(ok), "farm_sessions": runner.sessions_opened,
+        "farm_ok": len(ok), "farm_sessions": sessions,
+        "farm_screened_seconds": screened_seconds,
+        "farm_screened_timed_once": sum(len(r.latencies) == 1 for r in screened),
         "stock_seconds": stock_seconds, "stock_per_candidate": stock_seconds / max(1, len(builds)),
         "stock_ok": sum(s is not None for s in stock),
         "speedup": stock_seconds / farm_seconds if farm_seconds else float("nan"),
+        "speedup_screened": stock_seconds / screened_seconds if screened_seconds else float("nan"),
         "median_latency_disagreement": agreement,
+        "latencies_us": [r.latency * 1e6 if r.latency else None for r in farm],
     }
     print(f"device: {figures['device']}")
     print(f"farm runner:  {farm_seconds:7.1f} s  {figures['farm_per_candidate']:.3f} s/candidate  "
-          f"({len(ok)} ok, {runner.sessions_opened} session(s), outputs checked)")
+          f"({len(ok)} ok, {sessions} session(s), outputs checked)")
     print(f"stock RPCRunner: {stock_seconds:7.1f} s  {figures['stock_per_candidate']:.3f} s/candidate  "
           f"({figures['stock_ok']} ok)")
-    print(f"speedup: {figures['speedup']:.1f}x candidates per second; median latency disagreement "
-          f"{agreement * 100:.1f}%")
+    print(f"farm runner, slow kernels timed once: {screened_seconds:7.1f} s "
+          f"({figures['farm_screened_timed_once']} of {len(builds)} over 10x the best so far)")
+    print(f"speedup: {figures['speedup']:.1f}x candidates per second ({figures['speedup_screened']:.1f}x with "
+          f"screening); median latency disagreement {agreement * 100:.1f}%")
+    kernel = sum(x for x in figures["latencies_us"] if x) / 1e6
+    print(f"kernel time per candidate (median latency, one run): {kernel / max(1, len(builds)) * 1e3:.2f} ms")
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2))
 

@@ -105,3 +105,14 @@ def test_hanging_kernel_times_out_and_the_run_goes_on(server: ServerProcess, tmp
     runner.timeout = 30.0
     (after,) = runner.measure(_matmul(32), [_export(tmp_path, "after", 32)])
     assert after.status is Status.OK, after.error
+
+
+def test_candidates_far_slower_than_the_best_are_timed_once(server: ServerProcess, tmp_path: Path) -> None:
+    runner = _runner(server, screen_factor=0.5)  # every kernel after the first counts as "slow"
+    first, second = runner.measure(_matmul(64), [_export(tmp_path, f"k{i}", 64) for i in range(2)])
+    assert first.ok and len(first.latencies) == runner.evaluator.repeat
+    assert second.ok and len(second.latencies) == 1 and second.latency and second.latency > 0
+    runner.close()  # a device serves one session at a time
+    unscreened = _runner(server, screen_factor=None)
+    results = unscreened.measure(_matmul(64), [_export(tmp_path, f"u{i}", 64) for i in range(2)])
+    assert [len(r.latencies) for r in results] == [3, 3], [r.error for r in results]

@@ -6,6 +6,11 @@ inputs once per session, and for every candidate: uploads the library (and its p
 cubin), loads it, poisons the output with NaN, runs it once and checks the output against
 the NumPy reference, then times it with TVM's `time_evaluator`.
 
+A candidate whose single timed run is over `screen_factor` times the best latency this
+runner has measured for the workload is recorded with that one timing instead of the full
+evaluation (its trial has one latency): random search proposes many such kernels, and timing
+each of them `repeat` x `number` times is where a tuning run's device time would go.
+
 Failures are data: a launch error, a server crash, a wrong output or a hang each become a
 MeasureResult with a status, and the runner reconnects for the next candidate. A candidate
 that runs past `timeout` is abandoned with its session; the server's `session_timeout`
@@ -15,6 +20,7 @@ server restart it sooner.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -84,6 +90,7 @@ class RPCRunner:
         timeout: float = 10.0,
         session_timeout: float = 120.0,
         on_hang: Callable[[], None] | None = None,
+        screen_factor: float | None = 10.0,
     ) -> None:
         self.tracker, self.key, self.kind = tracker, key, kind
         self.evaluator = evaluator or EvaluatorConfig.for_target(kind)
@@ -92,6 +99,8 @@ class RPCRunner:
         self.on_hang = on_hang
         self._session: _Session | None = None
         self._references: dict[str, tuple[list[np.ndarray], np.ndarray, float]] = {}
+        self.screen_factor = screen_factor
+        self._best: dict[str, float] = {}  # best median latency so far, per workload
         self.sessions_opened = 0
 
     # --- sessions ---------------------------------------------------------------------
@@ -138,10 +147,13 @@ class RPCRunner:
             return result
         start = time.perf_counter()
         box: dict[str, Any] = {}
+        # The thread fills its own copy: after a timeout it may still finish, and must not
+        # change the result already reported.
+        work_result = dataclasses.replace(result)
 
         def work() -> None:
             try:
-                self._run(task, build, result)
+                self._run(task, build, work_result)
             except Exception as e:  # the session or the kernel failed: record it
                 # Keep only the text: the exception's frames would keep the session open.
                 box["error"] = one_line(e)
@@ -149,6 +161,8 @@ class RPCRunner:
         thread = threading.Thread(target=work, daemon=True, name="farm-measure")
         thread.start()
         thread.join(self.timeout)
+        if not thread.is_alive():
+            result = work_result
         result.run_seconds = time.perf_counter() - start
         if thread.is_alive():
             result.status, result.error = Status.TIMEOUT, f"ran longer than {self.timeout:.0f} s"
@@ -179,9 +193,18 @@ class RPCRunner:
             cubin = Path(build.cubin).name
             s.sess.upload(build.cubin, cubin)
             s.put_cubin(build.source_sha, s.workpath(cubin))
-        module = s.sess.load_module(name)
-        poisoned = np.full(expected.shape, np.nan, dtype=expected.dtype)
-        out = tvm.runtime.tensor(poisoned, s.dev)
+        try:
+            self._check_and_time(s, task, build, result, s.sess.load_module(name), args, expected, tolerance)
+        finally:
+            s.sess.remove(name)
+            if build.cubin and s.put_cubin is not None:
+                s.sess.remove(Path(build.cubin).name)
+
+    def _check_and_time(self, s: _Session, task: Task, build: BuildResult, result: MeasureResult, module: Any,
+                        args: list[Any], expected: np.ndarray, tolerance: float) -> None:
+        import tvm
+
+        out = tvm.runtime.tensor(np.full(expected.shape, np.nan, dtype=expected.dtype), s.dev)
         module["main"](*args, out)
         s.dev.sync()
         error = _relative_error(out.numpy(), expected)
@@ -189,13 +212,21 @@ class RPCRunner:
             result.status = Status.WRONG_RESULT
             result.error = f"relative error {error:.3g} > {tolerance:g}"
             return
+        key = task.workload.key
+        best = self._best.get(key)
+        if self.screen_factor and best is not None:
+            probe = float(module.time_evaluator("main", s.dev, number=1, repeat=1)(*args, out).results[0])
+            if probe > self.screen_factor * best:
+                # Far slower than the best so far: one timing ranks it well enough, and fully
+                # evaluating slow kernels is where a tuning run's device time would go.
+                result.latencies = [probe]
+                return
         ev = self.evaluator
         timer = module.time_evaluator("main", s.dev, number=ev.number, repeat=ev.repeat,
                                       min_repeat_ms=ev.min_repeat_ms)
         result.latencies = [float(x) for x in timer(*args, out).results]
-        s.sess.remove(name)
-        if build.cubin and s.put_cubin is not None:
-            s.sess.remove(Path(build.cubin).name)
+        latency = float(np.median(result.latencies))
+        self._best[key] = min(latency, best) if best is not None else latency
 
 
 def _relative_error(got: np.ndarray, expected: np.ndarray) -> float:

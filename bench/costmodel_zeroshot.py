@@ -1,0 +1,98 @@
+"""Zero-shot prediction: the family model's configs for shapes it was never trained on, measured,
+against tuning those shapes.
+
+    python bench/costmodel_zeroshot.py [--train-trials 48] [--tune-trials 64] [--top 5]
+
+Per family (matmul and conv2d on llvm): the training shapes are tuned one after another in one
+SQLite store (xgb, `--train-trials` each; as on the farm, each starts from the family model
+the previous ones left). Then for every held-out shape, never measured: `farm.predict.predict`
+picks `--top` configs from the family model alone and they are measured (zero-shot: best of
+them); and the shape is tuned from scratch in a store of its own (xgb, `--tune-trials`, no
+transfer): its best is the "tuned" latency. Ratio = zero-shot / tuned (goal: <= 1.3). For scale,
+the best of `--top` random configs is shown too. Measured as bench/costmodel_search.py measures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+from costmodel_common import LocalDevice, fresh_store, machine, tune
+
+from farm.predict import predict
+from farm.search import RandomSearch
+from farm.targets import parse_target
+from farm.task import Task
+from farm.workloads import Workload, make_workload
+
+
+def conv(ci: int, co: int, hw: int) -> Workload:
+    return make_workload("conv2d_nchw", dict(N=1, CI=ci, CO=co, H=hw, W=hw, KH=3, KW=3, pad=1))
+
+
+def matmul(m: int, n: int, k: int) -> Workload:
+    return make_workload("matmul", dict(M=m, N=n, K=k))
+
+
+FAMILIES = {
+    "matmul": ([matmul(128, 128, 128), matmul(256, 128, 64), matmul(64, 256, 256), matmul(512, 64, 128)],
+               [matmul(256, 256, 256), matmul(128, 512, 128)]),
+    "conv2d": ([conv(32, 32, 28), conv(64, 64, 14), conv(128, 128, 7), conv(64, 128, 14)],
+               [conv(128, 128, 14), conv(256, 256, 7)]),
+}
+
+
+def best_us(results: list) -> float:
+    return min((r.latency for r in results if r.latency is not None), default=float("inf")) * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--families", nargs="+", default=list(FAMILIES), choices=list(FAMILIES))
+    parser.add_argument("--train-trials", type=int, default=48)
+    parser.add_argument("--tune-trials", type=int, default=64)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--top", type=int, default=5)
+    parser.add_argument("--out", type=Path, default=Path("/tmp/farm-bench-costmodel"))
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    print(f"machine: {machine()}")
+    figures: dict = {"machine": machine(), "args": {k: str(v) for k, v in vars(args).items()}, "shapes": []}
+    llvm = parse_target("llvm")
+    with LocalDevice(args.out / "logs", args.out / "measured.json") as device:
+        for family in args.families:
+            train_shapes, held_out = FAMILIES[family]
+            store = fresh_store(args.out, f"zeroshot-{family}")
+            start = time.perf_counter()
+            for wl in train_shapes:
+                tune(device, store, wl, "xgb", 0, args.train_trials, args.batch)
+            print(f"{family}: trained on {len(train_shapes)} shapes x {args.train_trials} trials "
+                  f"in {time.perf_counter() - start:.0f} s", flush=True)
+            for wl in held_out:
+                task = Task(wl, llvm)
+                start = time.perf_counter()
+                predicted = predict(wl, llvm, store, top=args.top)
+                predict_seconds = time.perf_counter() - start
+                zero_shot = best_us(device.measure(task, [p.config_index for p in predicted]))
+                random = best_us(device.measure(task, RandomSearch(task, task.space.shards(1)[0], 7).propose(args.top)))
+                tuned = best_us(tune(device, fresh_store(args.out, f"zeroshot-tune-{family}"), wl, "xgb", 0,
+                                     args.tune_trials, args.batch))
+                row = {"family": family, "workload": str(wl), "predict_seconds": predict_seconds,
+                       "zero_shot_us": zero_shot, "tuned_us": tuned, "random_top_us": random,
+                       "ratio": zero_shot / tuned}
+                figures["shapes"].append(row)
+                print(f"  {wl}: zero-shot best of {args.top} {zero_shot:.1f} µs (predict {predict_seconds:.2f} s), "
+                      f"tuned ({args.tune_trials} trials) {tuned:.1f} µs, ratio {zero_shot / tuned:.2f}; "
+                      f"best of {args.top} random {random:.1f} µs", flush=True)
+    ratios = [r["ratio"] for r in figures["shapes"]]
+    print(f"zero-shot / tuned: median {np.median(ratios):.2f}, worst {max(ratios):.2f}")
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=1))
+
+
+if __name__ == "__main__":
+    main()
