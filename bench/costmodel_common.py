@@ -27,7 +27,7 @@ import numpy as np
 from db.store import open_store
 from farm.jobs import JobRequest
 from farm.measure import MeasureResult
-from farm.search import XGBSearch, make_search
+from farm.search import make_search
 from farm.task import Task
 from farm.workloads import Workload
 from scheduler.retrain import retrain, starting_model
@@ -48,15 +48,17 @@ def machine() -> str:
 
 
 class LocalDevice:
-    """This machine's CPU as one farm device (see the module docstring). Use with ``with``."""
+    """This machine's CPU (llvm) or first GPU (cuda) as one farm device (see the module
+    docstring). Use with ``with``."""
 
-    def __init__(self, log_dir: Path | None = None, cache_file: Path | None = None) -> None:
+    def __init__(self, log_dir: Path | None = None, cache_file: Path | None = None, kind: str = "llvm") -> None:
         from deploy.local_cluster import LocalTracker
         from workers.builder import Builder
 
         self.log_dir = log_dir or Path(tempfile.mkdtemp(prefix="farm-bench-"))
         self.builder = Builder()
         self.tracker = LocalTracker(log=self.log_dir / "tracker.log")
+        self.kind = kind
         self.cache_file = cache_file
         self.cache = load_cache(cache_file) if cache_file is not None and cache_file.exists() else {}
         self.measured = 0  # configs actually built and measured by this process
@@ -66,10 +68,11 @@ class LocalDevice:
         from workers.runner import RPCRunner
 
         self.tracker.start()
-        self.server = ServerProcess(self.tracker.address, "bench-cpu", "llvm", log=self.log_dir / "server.log")
-        wait_for_keys(self.tracker.address, ["bench-cpu"], 120, [self.server.proc])
-        self.runner = RPCRunner(self.tracker.address, "bench-cpu", "llvm", timeout=60,
-                                on_hang=self.server.kill_sessions)
+        key = f"bench-{self.kind}"
+        self.server = ServerProcess(self.tracker.address, key, self.kind, "0" if self.kind == "cuda" else None,
+                                    log=self.log_dir / "server.log")
+        wait_for_keys(self.tracker.address, [key], 120, [self.server.proc])
+        self.runner = RPCRunner(self.tracker.address, key, self.kind, timeout=60, on_hang=self.server.kill_sessions)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -103,17 +106,17 @@ def load_cache(path: Path) -> dict[tuple[str, int], MeasureResult]:
 
 def tune(device: LocalDevice, store: Any, workload: Workload, search: str, seed: int, budget: int,
          batch: int) -> list[MeasureResult]:
-    """One tuning job of `workload` on llvm in `store`, in rounds of `batch` trials, as the farm's
+    """One tuning job of `workload` on the device in `store`, in rounds of `batch` trials, as the farm's
     scheduler runs it with one worker: propose, measure, write, observe; at each round close
     flush, retrain (scheduler.retrain), record the round, hand the new model to the search. A
     family model already in `store` guides the first round (transfer). Returns the results in
     trial order."""
-    job = JobRequest.build([workload], "llvm", budget, search=search, seed=seed, batch_size=batch).submit(store)
+    job = JobRequest.build([workload], device.kind, budget, search=search, seed=seed, batch_size=batch).submit(store)
     row = store.tasks(job)[0]
     task = Task.from_json(row)
     strategy = make_search(search, task, task.space.shards(1)[0], seed)
     current = starting_model(store, row)
-    if isinstance(strategy, XGBSearch) and current is not None:
+    if current is not None:
         strategy.set_model(current.model)
     results: list[MeasureResult] = []
     with store.writer() as writer:
@@ -132,8 +135,7 @@ def tune(device: LocalDevice, store: Any, workload: Workload, search: str, seed:
             store.add_round(row["id"], round_, len(results), best, out.rank_corr,
                             current.model_id if current else None)
             current = out.current
-            if isinstance(strategy, XGBSearch):
-                strategy.set_model(current.model)
+            strategy.set_model(current.model)
     store.finish_job(job, "done")
     return results
 

@@ -74,12 +74,18 @@ def main() -> None:
     parser.add_argument("--number", type=int, default=10)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--min-repeat-ms", type=int, default=50)
+    parser.add_argument("--indices", type=Path,
+                        help="JSON list of config indices to measure (e.g. a finished job's fastest), "
+                        "instead of --candidates random ones")
     parser.add_argument("--json", type=Path, help="write the figures here")
     args = parser.parse_args()
 
     task = Task(make_workload(args.preset), parse_target(args.target))
     ev = EvaluatorConfig(args.number, args.repeat, args.min_repeat_ms)
-    indices = RandomSearch(task, task.space.shards(1)[0], seed=1).propose(args.candidates)
+    if args.indices:
+        indices = [int(i) for i in json.loads(args.indices.read_text())]
+    else:
+        indices = RandomSearch(task, task.space.shards(1)[0], seed=1).propose(args.candidates)
     logs = Path(tempfile.mkdtemp(prefix="farm-bench-"))
     with Builder() as builder, LocalTracker(log=logs / "tracker.log") as tracker:
         start = time.perf_counter()
