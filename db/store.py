@@ -7,11 +7,13 @@ returns an `SQLResultStore`, which serves SQLite and Postgres alike.
 from __future__ import annotations
 
 import os
+import select as io_select
 import threading
-from datetime import timedelta
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from datetime import timedelta
 from typing import Any
 
 import pandas as pd
@@ -31,7 +33,7 @@ from db.models import (
     WorkerRecord,
     utcnow,
 )
-from db.writer import ResultWriter
+from db.writer import NOTIFY_CHANNEL, ResultWriter
 from farm.errors import FarmError
 from farm.measure import Status
 
@@ -119,6 +121,15 @@ class ResultStore(ABC):
         Returns its id, or None when no job is queued (or `job_id` is not). Concurrent
         claimers, in any number of processes, never get the same job. `job_id` serves a
         client that runs the job it just submitted itself (``farm tune``).
+        """
+
+    @abstractmethod
+    def wait_for_trials(self, job_id: int, timeout: float) -> bool:
+        """Block until trials of `job_id` may have been written, at most `timeout` seconds.
+
+        On Postgres it LISTENs for the writer's NOTIFY and returns True as soon as one for
+        this job arrives (False on timeout); on SQLite, which has no notifications, it sleeps
+        `timeout` and returns True (the caller polls).
         """
 
     @abstractmethod
@@ -297,6 +308,8 @@ class SQLResultStore(ResultStore):
         self._writing: Engine | None = None
         self._pid = 0
         self._engine_lock = threading.Lock()
+        self._listener: Any = None  # psycopg2 connection LISTENing for trial notifications
+        self._listen_lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
         return {"url": self.url, "pool_size": self._pool_size, "max_overflow": self._max_overflow}
@@ -343,6 +356,10 @@ class SQLResultStore(ResultStore):
             if self._engine is not None and self._pid == os.getpid():
                 self._engine.dispose()
             self._engine = self._writing = None
+        with self._listen_lock:
+            if self._listener is not None and self._pid == os.getpid():
+                self._listener.close()
+            self._listener = None
 
     # Jobs -------------------------------------------------------------------------------
 
@@ -391,6 +408,31 @@ class SQLResultStore(ResultStore):
         )
         with self._write() as connection:
             return connection.execute(claim).scalar_one_or_none()
+
+    def wait_for_trials(self, job_id: int, timeout: float) -> bool:
+        engine = self.engine
+        if engine.dialect.name != "postgresql":
+            time.sleep(timeout)
+            return True
+        with self._listen_lock:
+            if self._listener is None or self._listener.closed:
+                # A connection of its own, outside the pool: it stays LISTENing.
+                cargs, cparams = engine.dialect.create_connect_args(engine.url)
+                self._listener = engine.dialect.loaded_dbapi.connect(*cargs, **cparams)
+                self._listener.set_session(autocommit=True)
+                with self._listener.cursor() as cursor:
+                    cursor.execute(f"LISTEN {NOTIFY_CHANNEL}")
+            listener = self._listener
+        deadline = time.monotonic() + timeout
+        while True:
+            listener.poll()
+            while listener.notifies:
+                if listener.notifies.pop(0).payload == str(job_id):
+                    return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            io_select.select([listener], [], [], left)
 
     def requeue_stale(self, seconds: float) -> list[int]:
         cutoff = utcnow() - timedelta(seconds=seconds)

@@ -130,6 +130,169 @@ def tune(
     _report_best(store, job_id, export)
 
 
+WorkloadsArg = Annotated[list[str], typer.Argument(
+    help="Workloads or presets; parameters follow each as key=value, e.g. matmul M=512 N=512 K=512 resnet-last-conv")]
+
+
+@app.command()
+def submit(
+    workloads: WorkloadsArg,
+    target: Annotated[str, typer.Option(help="llvm, cuda, or a JSON target dict.")] = "llvm",
+    trials: Annotated[int, typer.Option(min=1, help="Measurements in all, spread over the workloads.")] = 64,
+    db: DbOption = None,
+    workers: Annotated[int, typer.Option(min=1, help="Devices (worker actors) to measure on.")] = 1,
+    search: Annotated[str, typer.Option(help="Search strategy (see farm tune --help).")] = "random",
+    seed: Annotated[int, typer.Option(help="Seed of the search.")] = 0,
+    rpc_key: Annotated[list[str] | None, typer.Option(
+        help="Measure on a device that runs only a TVM RPC server registered under this key "
+        "with the farm's tracker (repeat for several).")] = None,
+    name: Annotated[str, typer.Option(help="A name for the job.")] = "",
+) -> None:
+    """Queue a job for the farm's schedulers (`farm scheduler`) and print its id."""
+    from farm.jobs import JobRequest
+
+    request = JobRequest.build(_parse_workloads(workloads), target, trials, search=search, workers=workers,
+                               seed=seed, rpc_keys=rpc_key or (), name=name)
+    job_id = request.submit(_open_store(db))
+    out.print(job_id)
+    console.print(f"job {job_id} queued: {len(request.workloads)} task(s), {trials} trials; "
+                  f"follow it with `farm status {job_id}`")
+
+
+def _parse_workloads(words: list[str]) -> list[Any]:
+    """`name k=v k=v name2 ...` into [(name, {k: v}), ...]."""
+    from farm.workloads import parse_assignments
+
+    groups: list[tuple[str, list[str]]] = []
+    for word in words:
+        if "=" in word:
+            if not groups:
+                raise FarmError(f"parameter {word!r} comes before any workload name")
+            groups[-1][1].append(word)
+        else:
+            groups.append((word, []))
+    return [(name, parse_assignments(params)) for name, params in groups]
+
+
+@app.command()
+def scheduler(
+    db: DbOption = None,
+    tracker: Annotated[str | None, typer.Option(
+        help="The farm's RPC tracker as HOST:PORT (default: start one on this machine).")] = None,
+    ray_address: Annotated[str | None, typer.Option(
+        help="Ray cluster to join, e.g. auto or HOST:6379 (default: start Ray on this machine).")] = None,
+    poll: Annotated[float, typer.Option(help="Seconds between looks for queued jobs.")] = 1.0,
+    once: Annotated[bool, typer.Option("--once", help="Exit when no job is queued.")] = False,
+    log_dir: Annotated[Path | None, typer.Option(help="Keep the tracker's and servers' logs here.")] = None,
+) -> None:
+    """Run the scheduler service: claim queued jobs and run them on worker actors, one per device."""
+    from scheduler.service import Scheduler
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    address = _host_port(tracker) if tracker else None
+    store = _open_store(db)
+    with Scheduler(store, tracker=address, ray_address=ray_address, log_dir=log_dir) as service:
+        try:
+            service.serve(poll_seconds=poll, once=once)
+        except KeyboardInterrupt:
+            console.print("scheduler stopped")
+
+
+def _host_port(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise FarmError(f"tracker address {text!r} must look like HOST:PORT")
+    return host, int(port)
+
+
+JobArg = Annotated[int, typer.Argument(help="Job id (see `farm jobs`).")]
+
+
+@app.command()
+def status(
+    job: JobArg,
+    db: DbOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
+    """A job's state, its tasks' trial counts by status, best latency and rounds."""
+    store = _open_store(db)
+    doc = store.job(job)
+    if doc is None:
+        raise FarmError(f"no job {job} in this database")
+    for task in doc["tasks"]:
+        task["rounds"] = store.rounds(task["id"])
+    if as_json:
+        out.print_json(json.dumps(doc, default=str))
+        return
+    out.print(f"job {doc['id']} [{doc['status']}] {doc['name']}: {doc['trials']}/{doc['trials_budget']} trials, "
+              f"search {doc['search']}")
+    if doc.get("error"):
+        out.print(f"  error: {doc['error']}")
+    for task in doc["tasks"]:
+        best = "-" if task["best_latency"] is None else f"{task['best_latency'] * 1e6:.2f} µs"
+        counts = ", ".join(f"{k} {v}" for k, v in sorted(task["counts"].items())) or "no trials yet"
+        out.print(f"  task {task['id']} {task['workload']['name']} {task['workload']['params']}: "
+                  f"{task['trials']}/{task['budget']} trials ({counts}), best {best}, "
+                  f"{len(task['rounds'])} rounds")
+
+
+@app.command()
+def jobs(
+    db: DbOption = None,
+    limit: Annotated[int, typer.Option(min=1, help="How many of the newest jobs.")] = 20,
+) -> None:
+    """The newest jobs with their state and progress."""
+    table = Table()
+    for col in ("job", "status", "trials", "budget", "search", "created", "name"):
+        table.add_column(col, no_wrap=col != "name")
+    for job in _open_store(db).jobs(limit):
+        table.add_row(str(job["id"]), job["status"], str(job.get("trials", "")), str(job["trials_budget"]),
+                      job["search"], str(job["created_at"])[:19], job["name"])
+    out.print(table)
+
+
+@app.command()
+def trials(
+    job: JobArg,
+    db: DbOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="JSON lines, one trial each.")] = False,
+    as_csv: Annotated[bool, typer.Option("--csv", help="CSV with a header row.")] = False,
+) -> None:
+    """Every trial of a job: config, status, error, latency, worker, device."""
+    store = _open_store(db)
+    if store.job(job) is None:
+        raise FarmError(f"no job {job} in this database")
+    frame = store.trials(job_id=job)
+    if as_json:
+        frame.to_json(sys.stdout, orient="records", lines=True, date_format="iso")
+        return
+    for column in ("config", "latencies"):  # JSON in CSV cells and the table, not Python reprs
+        frame[column] = frame[column].map(lambda v: json.dumps(v, sort_keys=True))
+    if as_csv:
+        frame.to_csv(sys.stdout, index=False)
+    else:
+        table = Table()
+        for col in ("task", "config", "status", "latency µs", "worker", "device", "error"):
+            table.add_column(col, overflow="fold")
+        for row in frame.itertuples():
+            latency = "" if row.latency != row.latency or row.latency is None else f"{row.latency * 1e6:.2f}"
+            table.add_row(str(row.task_id), row.config, row.status, latency,
+                          row.worker, row.device, (row.error or "")[:80])
+        out.print(table)
+
+
+@app.command()
+def cancel(job: JobArg, db: DbOption = None) -> None:
+    """Stop a queued or running job; its measured trials stay."""
+    store = _open_store(db)
+    if store.job(job) is None:
+        raise FarmError(f"no job {job} in this database")
+    if store.cancel_job(job):
+        out.print(f"job {job} cancelled")
+    else:
+        out.print(f"job {job} had already ended ({store.job_status(job)})")
+
+
 def _open_store(db: str | None) -> Any:
     from db.store import open_store
 

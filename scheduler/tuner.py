@@ -103,7 +103,8 @@ def _run_task(store: Any, writer: Any, job_id: int, row: dict[str, Any], task: T
     report(done, best, [])
     inflight: dict[cf.Future[list[MeasureResult]], tuple[int, int, list[int]]] = {}
     queued = [0] * pool.size
-    exhausted = cancelled = False
+    exhausted = False
+    cancelled = store.job_status(job_id) == "cancelled"
     since_round = 0
     while True:
         # Fill the queues level by level, so that every worker gets work before any gets two

@@ -1,0 +1,127 @@
+"""The distributed farm for real: Ray worker actors owning TVM RPC servers, Postgres results,
+schedulers and clients in separate processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from db.store import open_store
+from farm.client import Client
+from farm.jobs import JobRequest
+from scheduler.service import Scheduler
+
+pytestmark = pytest.mark.slow
+
+SMALL = [("matmul", {"M": 48, "N": 48, "K": 48})]
+
+
+@pytest.fixture(scope="module")
+def ray_local() -> Iterator[None]:
+    """One local Ray instance for the in-process tests, with two logical GPUs."""
+    import ray
+
+    from deploy.local_cluster import init_ray
+
+    init_ray(logical_gpus=2)
+    yield
+    ray.shutdown()
+
+
+def test_two_worker_actors_share_a_job_exactly(pg_url: str, ray_local: None) -> None:
+    store = open_store(pg_url)
+    request = JobRequest.build(SMALL, "llvm", 22, workers=2, batch_size=4)
+    job_id = request.submit(store)
+    with Scheduler(store) as scheduler:
+        assert store.claim_job(scheduler.id, job_id=job_id) == job_id
+        assert scheduler.run_job(job_id) == "done"
+    trials = store.trials(job_id=job_id)
+    assert len(trials) == 22  # the budget, exactly
+    assert trials["config_index"].is_unique  # no config measured twice
+    assert set(trials["shard"]) == {0, 1}  # every shard visited
+    assert set(trials["worker"]) == {"llvm-worker-0", "llvm-worker-1"}  # both workers measured
+    assert (trials["status"] == "ok").sum() >= 20
+    assert store.job_status(job_id) == "done"
+    (task,) = store.tasks(job_id)
+    assert store.rounds(task["id"])  # rounds recorded
+
+
+def test_a_job_cancelled_before_it_runs_measures_nothing(pg_url: str, ray_local: None) -> None:
+    store = open_store(pg_url)
+    job_id = JobRequest.build(SMALL, "llvm", 12, workers=1, batch_size=4).submit(store)
+    with Scheduler(store) as scheduler:
+        store.claim_job(scheduler.id, job_id=job_id)
+        store.cancel_job(job_id)  # cancelled before it ran: nothing is measured
+        assert scheduler.run_job(job_id) == "cancelled"
+    assert len(store.trials(job_id=job_id)) == 0
+
+
+def _scheduler_process(url: str, log: Path, *extra: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-m", "farm", "scheduler", "--db", url, "--poll", "0.3", *extra],
+                            stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def test_two_schedulers_never_run_the_same_job(pg_url: str, tmp_path: Path) -> None:
+    store = open_store(pg_url)
+    jobs = [JobRequest.build([("matmul", {"M": 16 + 8 * i, "N": 32, "K": 32})], "llvm", 6, batch_size=3).submit(store)
+            for i in range(4)]
+    procs = [_scheduler_process(pg_url, tmp_path / f"s{i}.log", "--once") for i in range(2)]
+    try:
+        for proc in procs:
+            proc.wait(600)
+    finally:
+        for proc in procs:
+            _stop(proc)
+    for proc, i in zip(procs, range(2), strict=True):
+        assert proc.returncode == 0, (tmp_path / f"s{i}.log").read_text()[-3000:]
+    claimed = {}
+    for job_id in jobs:
+        job = store.job(job_id)
+        assert job is not None and job["status"] == "done", job
+        assert job["trials"] == 6  # ran once: a second run would find nothing left to measure
+        claimed[job_id] = job["claimed_by"]
+    trials = store.trials()
+    assert not trials.duplicated(["task_id", "config_index"]).any()
+    assert len(set(claimed.values())) >= 1
+
+
+def test_client_against_a_scheduler_process(pg_url: str, tmp_path: Path) -> None:
+    proc = _scheduler_process(pg_url, tmp_path / "scheduler.log")
+    try:
+        with Client(pg_url) as client:
+            job = client.submit(SMALL, target="llvm", trials=10, batch_size=5)
+            assert job.wait(progress=False, timeout=300) == "done", (tmp_path / "scheduler.log").read_text()[-3000:]
+            best = job.best()
+            assert len(best) == 1 and best[0]["latency_us"] > 0
+            frame = job.trials()
+            assert len(frame) == 10 and set(frame["status"]) <= {"ok", "build_error", "wrong_result", "timeout"}
+            out = job.export(tmp_path / "best.json")
+            assert out.exists()
+            # A big job, cancelled while it runs: it stops early and keeps what it measured.
+            big = client.submit([("matmul", {"M": 64, "N": 64, "K": 64})], target="llvm", trials=400, batch_size=4)
+            deadline = time.monotonic() + 300
+            while big.status()["trials"] < 4 and time.monotonic() < deadline:
+                time.sleep(0.5)
+            assert big.cancel()
+            assert big.wait(progress=False, timeout=300) == "cancelled"
+            assert 4 <= big.status()["trials"] < 400
+            assert client.job(big.id).status()["status"] == "cancelled"
+    finally:
+        _stop(proc)
