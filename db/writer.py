@@ -17,9 +17,6 @@ from farm.measure import MeasureResult, Status
 
 # Postgres channel on which every flush that stored trials announces the ids of their jobs.
 NOTIFY_CHANNEL = "farm_trials"
-# Rows per INSERT statement: 500 rows x 15 columns stays far below SQLite's limit of
-# 32766 bound parameters (Postgres allows 65535). A flush may run several, in one transaction.
-_ROWS_PER_STATEMENT = 500
 
 _TRIALS = TrialRecord.__table__
 _TASKS = TaskRecord.__table__
@@ -154,15 +151,15 @@ class ResultWriter:
         self.close()
 
     def _insert(self, rows: list[dict[str, Any]]) -> int:
-        inserted = 0
+        # One statement executed with many parameter sets: SQLAlchemy compiles it once (cached)
+        # and sends multi-row VALUES pages ("insertmanyvalues"); RETURNING counts what was new.
+        statement = (
+            dialect_insert(self._engine, _TRIALS)
+            .on_conflict_do_nothing(index_elements=["task_id", "config_index"])
+            .returning(_TRIALS.c.id)
+        )
         with self._engine.begin() as connection:
-            for start in range(0, len(rows), _ROWS_PER_STATEMENT):
-                statement = (
-                    dialect_insert(self._engine, _TRIALS)
-                    .values(rows[start : start + _ROWS_PER_STATEMENT])
-                    .on_conflict_do_nothing(index_elements=["task_id", "config_index"])
-                )
-                inserted += connection.execute(statement).rowcount
+            inserted = len(connection.execute(statement, rows).all())
             if inserted and connection.dialect.name == "postgresql":
                 task_ids = sorted({row["task_id"] for row in rows})
                 jobs = select(_TASKS.c.job_id).where(_TASKS.c.id.in_(task_ids)).distinct().subquery()
