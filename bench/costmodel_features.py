@@ -10,6 +10,10 @@ first): no measuring here. For each workload and training size n, `--splits` ran
 the sample: fit on n configs, rank the rest; reported: Spearman correlation with measured
 throughput (failed configs slowest) and top-8 regret (the best measured latency among the 8
 configs ranked best, over the best of the held-out configs; 1.00 = found it).
+
+Transfer across shapes (what the shape and derived features are for): with the measurements of
+bench/costmodel_zeroshot.py (--zeroshot-out), a model fitted on every measured config of a
+family's training shapes ranks the measured configs of each held-out shape.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Any
 import numpy as np
 from costmodel_common import load_cache, machine
 from costmodel_search import WORKLOADS
+from costmodel_zeroshot import FAMILIES
 
 import farm.costmodel as cm
 from farm.costmodel import CostModel, relative_throughput, spearman
@@ -79,12 +84,48 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("/tmp/farm-bench-costmodel"))
     parser.add_argument("--random", type=int, default=256, help="the search benchmark's --random")
     parser.add_argument("--splits", type=int, default=10)
+    parser.add_argument("--zeroshot-out", type=Path, help="--out of bench/costmodel_zeroshot.py, for transfer")
     args = parser.parse_args()
     print(f"machine: {machine()}")
-    cache = load_cache(args.out / "measured.json")
+    within_shape(load_cache(args.out / "measured.json"), args.random, args.splits)
+    if args.zeroshot_out is not None:
+        across_shapes(load_cache(args.zeroshot_out / "measured.json"))
+
+
+def across_shapes(cache: dict[tuple[str, int], Any]) -> None:
+    """Spearman on each held-out shape of a model fitted on the family's training shapes."""
+    llvm = parse_target("llvm")
+    for family, (train_shapes, held_out) in FAMILIES.items():
+        for label, keep in (("knob values only", lambda n: n.startswith("knob.")), ("farm features", lambda n: True)):
+            blocks, names = [], None
+            for wl in train_shapes:
+                task = Task(wl, llvm)
+                feats = featurizer(task)
+                results = [r for (k, _), r in cache.items() if k == wl.key]
+                latency = np.array([r.latency if r.latency is not None else np.nan for r in results])
+                x = feats.features(feats.codes([r.config_index for r in results]))
+                columns = [j for j, n in enumerate(feats.names) if keep(n)]
+                names = [feats.names[j] for j in columns]
+                blocks.append((x[:, columns], relative_throughput(latency, np.zeros(len(results), dtype=np.int64))))
+            groups = np.concatenate([np.full(len(y), g) for g, (_, y) in enumerate(blocks)])
+            model = CostModel().fit(np.vstack([x for x, _ in blocks]), names, np.concatenate([y for _, y in blocks]),
+                                    groups)
+            cells = []
+            for wl in held_out:
+                feats = featurizer(Task(wl, llvm))
+                results = [r for (k, _), r in cache.items() if k == wl.key]
+                latency = np.array([r.latency if r.latency is not None else np.nan for r in results])
+                scores = model.predict(feats.features(feats.codes([r.config_index for r in results])), feats.names)
+                rho = spearman(scores, relative_throughput(latency, np.zeros(len(results), dtype=np.int64)))
+                cells.append(f"{wl}: rho {rho:.2f} on {len(results)} configs")
+            print(f"transfer, {family}, {label:16s} " + "; ".join(cells), flush=True)
+
+
+def within_shape(cache: dict[tuple[str, int], Any], size: int, splits: int) -> None:
+    """Rank correlation and regret of feature sets and objectives within each workload's sample."""
     for name, (preset, params) in WORKLOADS.items():
         task = Task(make_workload(preset, params), parse_target("llvm"))
-        sample = RandomSearch(task, task.space.shards(1)[0], seed=1000).propose(args.random)
+        sample = RandomSearch(task, task.space.shards(1)[0], seed=1000).propose(size)
         results = [cache[(task.workload.key, i)] for i in sample if (task.workload.key, i) in cache]
         if len(results) < len(sample):
             print(f"{name}: only {len(results)} of {len(sample)} sample configs measured; run costmodel_search.py")
@@ -109,7 +150,7 @@ def main() -> None:
         for label, (x, names, objective) in sets.items():
             cells: list[Any] = []
             for n in (32, 64, 128):
-                rho, regret = evaluate(x, names, latency, n, args.splits, objective)
+                rho, regret = evaluate(x, names, latency, n, splits, objective)
                 cells.append(f"n={n}: rho {rho:.2f}, top-8 regret {regret:.2f}")
             print(f"  {label:34s} " + "; ".join(cells), flush=True)
 

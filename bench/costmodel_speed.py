@@ -7,12 +7,14 @@ Timing only, so the trials' latencies are synthetic (a fixed function of the fea
 noise): what is timed (reading the family's trials from SQLite, featurizing them, fitting,
 saving; featurizing and scoring candidates) does not depend on the values. The family has four
 shapes of resnet-last-conv's conv2d on cuda (79 features, the largest space: 10.4 million
-configs); every figure is the median of --repeat runs.
+configs); every figure is the median of --repeat runs. The load average is printed: XGBoost uses
+the cores it leaves idle (farm.costmodel.idle_cores).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 import time
@@ -23,7 +25,7 @@ import numpy as np
 from costmodel_common import machine
 
 from db.store import open_store
-from farm.costmodel import training_set
+from farm.costmodel import idle_cores, training_set
 from farm.features import featurizer
 from farm.jobs import JobRequest
 from farm.measure import MeasureResult, Status
@@ -61,7 +63,7 @@ def main() -> None:
     parser.add_argument("--candidates", type=int, default=100_000)
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
-    print(f"machine: {machine()}")
+    print(f"machine: {machine()}; load average {os.getloadavg()[0]:.1f} at the start")
     rng = np.random.default_rng(1)
     store = open_store(f"sqlite:///{Path(tempfile.mkdtemp()) / 'speed.db'}")
     rows = []
@@ -108,6 +110,7 @@ def main() -> None:
     untuned = make_workload("conv2d_nchw", dict(N=1, CI=384, CO=384, H=14, W=14, KH=3, KW=3, pad=1))
     zero_shot, _ = timed(lambda: predict(untuned, parse_target("cuda"), store, top=5), args.repeat)
     print(f"predict top 5 for an untuned shape ({untuned}): {zero_shot:.3f} s")
+    print(f"load average {os.getloadavg()[0]:.1f} at the end; XGBoost threads now: {idle_cores()}")
 
 
 if __name__ == "__main__":

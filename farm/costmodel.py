@@ -35,21 +35,38 @@ from farm.workloads import workload_from_json
 
 log = logging.getLogger("farm.costmodel")
 
-# Chosen on measured llvm tuning data (docs/benchmarks/costmodel.md): 8 sampled pairs per trial
-# and 120 trees of depth 6 rank as well as larger settings and train 10,000 trials in ~1 s on 2 cores.
+# Chosen on measured llvm samples (docs/benchmarks/costmodel.md, bench/costmodel_features.py).
 XGB_PARAMS: dict[str, Any] = {
     "objective": "rank:pairwise",
     "lambdarank_pair_method": "mean",
-    "lambdarank_num_pair_per_sample": 8,
-    "eta": 0.2,
+    "eta": 0.15,
     "max_depth": 6,
     "min_child_weight": 1.0,
     "tree_method": "hist",
     "max_bin": 64,
 }
-BOOST_ROUNDS = 120
+BOOST_ROUNDS = 160
+# Pairs sampled per trial: a fixed budget of comparisons, so the small sets of the first rounds
+# (where the ranking matters most: 64 pairs rank better than 8) get many, and 10,000 trials
+# still train in about a second on 2 cores (16 pairs each).
+PAIR_BUDGET, MIN_PAIRS, MAX_PAIRS = 160_000, 8, 128
 # Fewer rows than this, or a single label value, teach nothing: the model stays as it was.
 MIN_TRAINING_ROWS = 8
+
+
+def idle_cores() -> int:
+    """Threads for XGBoost: the cores the machine leaves idle (1-minute load average), at least 1.
+
+    The scheduler shares its machine with compile processes, and OpenMP threads that wait for a
+    busy core spin: at a load of 6 on 2 cores, training on 10,000 trials took 10.5 s with 2
+    threads and 1.8 s with 1.
+    """
+    cores = os.cpu_count() or 1
+    try:
+        load = os.getloadavg()[0]
+    except OSError:  # no load average on this platform
+        return 1
+    return max(1, min(cores, round(cores - load)))
 
 
 class CostModelError(FarmError):
@@ -59,7 +76,7 @@ class CostModelError(FarmError):
 class CostModel:
     """An XGBoost ranking model over named features (see the module docstring).
 
-    Not thread-safe while fitting; `predict` may be called from several threads.
+    Not thread-safe: fit and predict from one thread at a time (the scheduler's loop does).
     """
 
     def __init__(self, booster: Any = None, feature_names: Sequence[str] = (), seed: int = 0) -> None:
@@ -67,6 +84,7 @@ class CostModel:
         self.feature_names = list(feature_names)
         self.seed = seed
         self._layout: dict[tuple[str, ...], np.ndarray] = {}
+        self._threads = 0  # the booster's nthread, 0 until set
 
     @property
     def trained(self) -> bool:
@@ -86,8 +104,11 @@ class CostModel:
         order = np.argsort(groups, kind="stable")  # XGBoost wants each query's rows together
         data = xgb.DMatrix(features[order], label=labels[order], qid=groups[order],
                            feature_names=list(feature_names))
-        params = {**XGB_PARAMS, "seed": self.seed, "nthread": os.cpu_count() or 1}
+        params = {**XGB_PARAMS, "seed": self.seed, "nthread": idle_cores()}
+        if params["objective"].startswith("rank:"):
+            params["lambdarank_num_pair_per_sample"] = int(np.clip(PAIR_BUDGET // len(labels), MIN_PAIRS, MAX_PAIRS))
         self.booster = xgb.train(params, data, num_boost_round=BOOST_ROUNDS)
+        self._threads = params["nthread"]
         self.feature_names = list(feature_names)
         self._layout.clear()
         return self
@@ -100,6 +121,10 @@ class CostModel:
         """
         if self.booster is None:
             return np.zeros(len(features), dtype=np.float32)
+        threads = idle_cores()
+        if threads != self._threads:
+            self.booster.set_param({"nthread": threads})
+            self._threads = threads
         layout = self._columns(tuple(feature_names))
         aligned = np.full((len(features), len(self.feature_names)), np.nan, dtype=np.float32)
         present = layout >= 0
@@ -136,7 +161,6 @@ class CostModel:
                                  "serialise back to the stored bytes)")
         if not names:
             raise CostModelError("stored cost model has no feature names: it was not saved by the farm")
-        booster.set_param({"nthread": os.cpu_count() or 1})
         return cls(booster, names, seed)
 
 

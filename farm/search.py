@@ -7,8 +7,8 @@ Contract for every strategy:
 - `observe(results)` feeds back measurements (the model-guided search learns from them).
 - Strategies are cheap to construct and are created per shard with a seed, so a run is
   reproducible given its seed.
-- Model-guided strategies (`XGBSearch`) also take `set_model(model)`: the scheduler hands every
-  shard the cost model it retrained after each round (farm.costmodel).
+- `set_model(model)` hands a strategy the cost model retrained after each round (farm.costmodel);
+  every strategy takes it, model-free ones ignore it.
 """
 
 from __future__ import annotations
@@ -56,6 +56,9 @@ class SearchStrategy(ABC):
 
     def observe(self, results: list[MeasureResult]) -> None:  # noqa: B027 - optional hook
         """Learn from measured results (no-op for model-free strategies)."""
+
+    def set_model(self, model: CostModel | None) -> None:  # noqa: B027 - optional hook
+        """Use the cost model retrained after a round (no-op for model-free strategies)."""
 
     def _valid(self, index: int) -> bool:
         if self.task.check(self.task.space.get(index)) is None:
@@ -124,8 +127,9 @@ class XGBSearch(RandomSearch):
     configs, in the same order). With one, it plans batches (again whenever a new model
     arrives or the plan is used up):
 
-    - `chains` annealing chains start from the best configs this shard has measured and from
-      random configs of the shard; each of `steps` steps changes one knob of every chain (a
+    - `chains` annealing chains start from the best configs this shard has measured (a fifth
+      of them, as MetaSchedule's evolutionary search seeds its population) and from random
+      configs of the shard; each of `steps` steps changes one knob of every chain (a
       split moves one prime factor from one position to another, keeping the product; a
       choice takes another value), moves it back into the shard if it left it, and accepts
       the move by the Metropolis rule at a temperature falling to 0. Moves onto configs that
@@ -141,8 +145,8 @@ class XGBSearch(RandomSearch):
 
     name = "xgb"
 
-    def __init__(self, task: Task, shard: Shard, seed: int = 0, *, epsilon: float = 0.15, chains: int = 128,
-                 steps: int = 40, min_distance: int = 2, plan_size: int = 32) -> None:
+    def __init__(self, task: Task, shard: Shard, seed: int = 0, *, epsilon: float = 0.15, chains: int = 256,
+                 steps: int = 64, min_distance: int = 2, plan_size: int = 32) -> None:
         super().__init__(task, shard, seed)
         self.epsilon, self.chains, self.steps = epsilon, chains, steps
         self.min_distance, self.plan_size = min_distance, plan_size
@@ -228,10 +232,11 @@ class XGBSearch(RandomSearch):
         return unique, all_scores[first]
 
     def _starts(self) -> np.ndarray:
-        """Codes of the chains' starting points: the shard's best measured configs (up to half the
-        chains), the rest uniformly random configs of the shard."""
+        """Codes of the chains' starting points: the shard's best measured configs (up to a fifth of
+        the chains: more anchors the search on the first good region found), the rest uniformly
+        random configs of the shard."""
         best = sorted((lat, i) for i, lat in self._measured.items() if math.isfinite(lat))
-        seeds = [i for _, i in best[: self.chains // 2]]
+        seeds = [i for _, i in best[: self.chains // 5]]
         random_count = self.chains - len(seeds)
         local = self._np.integers(0, self.shard.size, size=random_count)
         indices = np.concatenate([np.array(seeds, dtype=np.int64), self.shard.number + local * self.shard.count])
