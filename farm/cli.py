@@ -293,6 +293,81 @@ def cancel(job: JobArg, db: DbOption = None) -> None:
         out.print(f"job {job} had already ended ({store.job_status(job)})")
 
 
+@app.command()
+def export(
+    sources: Annotated[list[str], typer.Argument(help="A job id; with --merge, export files to merge.")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="File (farm) or folder (metaschedule) to write.")],
+    format: Annotated[str, typer.Option(help="farm: one farm.best/1 JSON file; metaschedule: a folder with "
+                                        "database_workload.json and database_tuning_record.json.")] = "farm",
+    merge: Annotated[bool, typer.Option("--merge", help="Merge export files, keeping the fastest record per "
+                                        "(workload, target, device).")] = False,
+    allow_stale: Annotated[bool, typer.Option(help="With --merge: accept records of older template versions.")]
+    = False,
+    db: DbOption = None,
+) -> None:
+    """Export a job's best config per task, or merge exports of several jobs or farms."""
+    from farm.export import export_document, job_records, load, validate, write_json_atomic, write_metaschedule
+    from farm.export import merge as merge_documents
+
+    if format not in ("farm", "metaschedule"):
+        raise FarmError(f"unknown export format {format!r}: use farm or metaschedule")
+    store = None
+    if merge:
+        doc = merge_documents([load(path, allow_stale) for path in sources])
+    else:
+        if len(sources) != 1 or not sources[0].isdigit():
+            raise FarmError("give one job id (or --merge and export files)")
+        job = int(sources[0])
+        store = _open_store(db)
+        if store.job(job) is None:
+            raise FarmError(f"no job {job} in this database")
+        doc = validate(export_document(job_records(store, job)), f"job {job}")
+        if not doc["records"]:
+            raise FarmError(f"job {job} has no correct trial to export yet")
+    if format == "farm":
+        write_json_atomic(output, doc)
+    else:
+        write_metaschedule(doc["records"], output)
+    if store is not None:
+        store.add_export(int(sources[0]), format, str(output), len(doc["records"]))
+    out.print(f"wrote {len(doc['records'])} record(s) to {output} ({format})")
+
+
+@app.command()
+def build(
+    workload: Annotated[str, typer.Argument(help="Workload or preset name.")],
+    params: Annotated[list[str] | None, typer.Argument(help="Parameters as key=value.")] = None,
+    target: Annotated[str, typer.Option(help="llvm, cuda, or a JSON target dict.")] = "llvm",
+    best: Annotated[Path | None, typer.Option(help="An export (farm.best/1) holding the tuned config.")] = None,
+    output: Annotated[Path, typer.Option("-o", "--output", help="The shared library to write.")] = Path("kernel.so"),
+    allow_stale: Annotated[bool, typer.Option(help="Apply a config tuned against an older template version.")]
+    = False,
+) -> None:
+    """Compile a kernel with its tuned config into a library TVM's runtime loads (C++ or Python).
+
+    The library's function `main` takes the inputs then the output, as TVM tensors."""
+    import warnings
+
+    from farm.build import build as build_kernel
+    from farm.workloads import make_workload, parse_assignments
+
+    wl = make_workload(workload, parse_assignments(params or []))
+    if not (output.parent if str(output.parent) else Path(".")).is_dir():
+        raise FarmError(f"cannot write {output}: folder {output.parent} does not exist")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        lib = build_kernel(wl, target, best, allow_stale=allow_stale)
+    for w in caught:
+        console.print(f"farm: warning: {w.message}")
+    tmp = output.with_name(f".{output.name}.tmp.so")
+    try:
+        lib.export_library(str(tmp))
+        os.replace(tmp, output)
+    finally:
+        tmp.unlink(missing_ok=True)
+    out.print(f"wrote {output}: {wl}, inputs {wl.input_shapes()} -> output {wl.output_shape()} ({wl.dtype})")
+
+
 def _open_store(db: str | None) -> Any:
     from db.store import open_store
 

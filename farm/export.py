@@ -5,6 +5,15 @@ One JSON document: `{"format": "farm.best/1", "records": [...]}`, one record per
 the device, the TVM version, the template and its version, and when it was measured.
 Files are written atomically (a temporary file renamed into place): a failed export never
 leaves a half-written file.
+
+Reading an export (`load`) trusts nothing in it: the format and every record are validated,
+each config must be a point of the current template's space, and a record tuned against
+another version of the template is refused unless the caller allows it. Nothing from an
+export is executed but the farm's own templates with validated knob values.
+
+`write_metaschedule` writes the same best configs as a MetaSchedule database (the schedule of
+each as a trace), which `tvm.s_tir.meta_schedule.database.JSONDatabase` loads and
+`tir_integration.compile_tir` applies in any TVM build pipeline.
 """
 
 from __future__ import annotations
@@ -20,6 +29,8 @@ from farm.errors import FarmError
 from farm.task import Task
 
 FORMAT = "farm.best/1"
+_FIELDS = {"workload": dict, "target": dict, "template": str, "template_version": str, "config": dict,
+           "latency_us": (int, float), "device": str}
 
 
 def record(task: Task, trial: dict[str, Any]) -> dict[str, Any]:
@@ -83,3 +94,117 @@ def export_document(records: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _iso(value: Any) -> str:
     return value.isoformat() if hasattr(value, "isoformat") else str(value)
+
+
+def record_key(rec: dict[str, Any]) -> tuple[str, str, str]:
+    """What one record is the best of: (workload, target, device)."""
+    return (json.dumps(rec["workload"], sort_keys=True), json.dumps(rec["target"], sort_keys=True), rec["device"])
+
+
+def merge(documents: list[dict[str, Any]]) -> dict[str, Any]:
+    """One document with the fastest record per (workload, target, device) of all `documents`."""
+    best: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for doc in documents:
+        for rec in doc["records"]:
+            key = record_key(rec)
+            if key not in best or rec["latency_us"] < best[key]["latency_us"]:
+                best[key] = rec
+    return export_document(sorted(best.values(), key=record_key))
+
+
+def load(path: str | Path, allow_stale: bool = False) -> dict[str, Any]:
+    """Read and validate an export file; FarmError (one line, saying what is wrong) otherwise.
+
+    `allow_stale` accepts records tuned against another version of their template (their
+    configs must still be points of the current space).
+    """
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise FarmError(f"cannot read export {path}: {e.strerror}") from None
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise FarmError(f"export {path} is not valid JSON (truncated?): {e.msg} at line {e.lineno}") from None
+    return validate(doc, str(path), allow_stale)
+
+
+def validate(doc: Any, source: str = "export", allow_stale: bool = False) -> dict[str, Any]:
+    """`doc` if it is a well-formed farm.best/1 document whose configs fit the current templates."""
+    if not isinstance(doc, dict) or "format" not in doc:
+        raise FarmError(f"{source} is not a farm export: no \"format\" field")
+    fmt = doc["format"]
+    if fmt != FORMAT:
+        if isinstance(fmt, str) and fmt.startswith("farm.best/"):
+            raise FarmError(f"{source} has format {fmt}, newer than this farm reads ({FORMAT}): upgrade the farm")
+        raise FarmError(f"{source} has unknown format {fmt!r}; expected {FORMAT}")
+    if not isinstance(doc.get("records"), list):
+        raise FarmError(f"{source}: \"records\" must be a list")
+    for n, rec in enumerate(doc["records"]):
+        _validate_record(rec, f"{source}, record {n}", allow_stale)
+    return doc
+
+
+def _validate_record(rec: Any, where: str, allow_stale: bool) -> None:
+    import math
+
+    from farm.targets import parse_target
+    from farm.workloads import workload_from_json
+
+    if not isinstance(rec, dict):
+        raise FarmError(f"{where}: a record must be a JSON object")
+    for field, kind in _FIELDS.items():
+        if not isinstance(rec.get(field), kind) or isinstance(rec.get(field), bool):
+            raise FarmError(f"{where}: field {field!r} is missing or not a {getattr(kind, '__name__', 'number')}")
+    if not math.isfinite(rec["latency_us"]) or rec["latency_us"] <= 0:
+        raise FarmError(f"{where}: latency_us must be a positive number")
+    try:
+        task = Task(workload_from_json(rec["workload"]), parse_target(rec["target"]))
+        if rec["template"] != task.template.name:
+            raise FarmError(f"template {rec['template']!r} is not the farm's template for this workload "
+                            f"({task.template.name})")
+        task.space.from_json(rec["config"])
+    except FarmError as e:
+        raise FarmError(f"{where}: {e}") from None
+    if rec["template_version"] != task.template.version and not allow_stale:
+        raise FarmError(f"{where}: tuned with {rec['template']} version {rec['template_version']}, the farm now has "
+                        f"{task.template.version}; tune again, or accept it with --allow-stale")
+
+
+def write_metaschedule(records: list[dict[str, Any]], folder: str | Path) -> Path:
+    """Write `records` as a MetaSchedule JSON database in `folder` (created; must not hold one).
+
+    Each record becomes a workload (the kernel's unscheduled PrimFunc) and a tuning record
+    whose trace is the template's schedule for the config, with the measured latencies.
+    """
+    from tvm.s_tir import meta_schedule as ms
+
+    from farm.targets import parse_target
+    from farm.templates.base import new_schedule
+    from farm.workloads import workload_from_json
+
+    out = Path(folder)
+    files = [out / "database_workload.json", out / "database_tuning_record.json"]
+    if any(f.exists() for f in files):
+        raise FarmError(f"{out} already holds a MetaSchedule database; choose an empty folder")
+    if not (out.parent if str(out.parent) else Path(".")).is_dir():
+        raise FarmError(f"cannot create {out}: folder {out.parent} does not exist")
+    # Build the database in a temporary folder, then move it into place: never half-written.
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent if str(out.parent) else "."))
+    try:
+        db = ms.database.JSONDatabase(str(tmp / files[0].name), str(tmp / files[1].name), allow_missing=True)
+        for rec in records:
+            task = Task(workload_from_json(rec["workload"]), parse_target(rec["target"]))
+            mod = new_schedule(task.workload).mod
+            sch = task.schedule(task.space.from_json(rec["config"]))
+            db.commit_tuning_record(ms.database.TuningRecord(
+                sch.trace, db.commit_workload(mod), [rec["latency_us"] / 1e6], task.target.tvm(),
+                ms.arg_info.ArgInfo.from_prim_func(mod["main"])))
+        out.mkdir(exist_ok=True)
+        for f in files:
+            os.replace(tmp / f.name, f)
+    finally:
+        for leftover in tmp.iterdir():
+            leftover.unlink()
+        tmp.rmdir()
+    return out

@@ -1,0 +1,68 @@
+"""Apply tuned configs: build a kernel with the best config of an export.
+
+    lib = farm.build("resnet-last-conv", "cuda", best="best.json")
+    lib.export_library("kernel.so")        # loadable by TVM's runtime from C++ or Python
+
+The record used is the fastest one in the export for the same workload (same parameters) and
+target kind (and cuda arch). A workload the export does not hold builds with the template's
+default config, with a warning that names it.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+from farm.export import load
+from farm.space import Config
+from farm.targets import TargetSpec, parse_target
+from farm.task import Task
+from farm.workloads import Workload, make_workload
+
+
+def default_config(task: Task) -> Config:
+    """The template's fallback: the first config, in index order, that passes its check."""
+    for index in range(min(task.space.size, 1_000_000)):
+        config = task.space.get(index)
+        if task.check(config) is None:
+            return config
+    raise RuntimeError(f"{task.template.name} has no valid config for {task}")
+
+
+def _matches(rec: dict[str, Any], task: Task) -> bool:
+    target = parse_target(rec["target"])
+    same_device = target.kind == task.target.kind and (not target.is_gpu or target.arch == task.target.arch)
+    return same_device and make_workload(rec["workload"]["name"], rec["workload"]["params"]) == task.workload
+
+
+def best_config(task: Task, best: str | Path | dict[str, Any] | None, allow_stale: bool = False) -> Config | None:
+    """The config of the fastest matching record of the export `best` (a path or a loaded
+    document), or None when it holds none for this task."""
+    if best is None:
+        return None
+    doc = load(best, allow_stale) if not isinstance(best, dict) else best
+    records = [r for r in doc["records"] if _matches(r, task)]
+    if not records:
+        return None
+    return task.space.from_json(min(records, key=lambda r: r["latency_us"])["config"])
+
+
+def build(workload: str | Workload, target: str | dict[str, Any] | TargetSpec, best: str | Path | None = None,
+          params: dict[str, Any] | None = None, allow_stale: bool = False) -> Any:
+    """Compile `workload` for `target` with the best config of the export `best`.
+
+    Returns TVM's compiled module (`lib["main"](*inputs, output)`, `lib.export_library(path)`).
+    Raises FarmError for a bad workload, target or export.
+    """
+    import tvm
+
+    wl = workload if isinstance(workload, Workload) else make_workload(workload, params)
+    task = Task(wl, parse_target(target))
+    config = best_config(task, best, allow_stale)
+    if config is None:
+        config = default_config(task)
+        where = f"in {best}" if best is not None else "given (no export)"
+        warnings.warn(f"no tuned config for {wl} on {task.target} {where}: building with the default config",
+                      stacklevel=2)
+    return tvm.compile(task.schedule(config).mod, target=task.target.tvm())
