@@ -84,15 +84,19 @@ class Job:
         return bool(self.client.store.cancel_job(self.id))
 
     def export(self, path: str | Path, format: str = "farm") -> Path:
-        """Write the job's best configs to `path` (format `farm`: one farm.best/1 JSON file)."""
-        from farm.export import export_document, write_json_atomic
+        """Write the job's best configs to `path`: format `farm`, one farm.best/1 JSON file;
+        `metaschedule`, a folder holding a MetaSchedule JSON database."""
+        from farm.export import export_document, write_json_atomic, write_metaschedule
 
-        if format != "farm":
-            raise FarmError(f"unknown export format {format!r}: use farm")
+        if format not in ("farm", "metaschedule"):
+            raise FarmError(f"unknown export format {format!r}: use farm or metaschedule")
         records = self.best()
         if not records:
             raise FarmError(f"job {self.id} has no correct trial to export yet")
-        write_json_atomic(path, export_document(records))
+        if format == "farm":
+            write_json_atomic(path, export_document(records))
+        else:
+            write_metaschedule(records, path)
         self.client.store.add_export(self.id, format, str(path), len(records))
         return Path(path)
 
