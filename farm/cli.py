@@ -90,7 +90,8 @@ def tune(
     db: DbOption = None,
     workers: Annotated[int | None, typer.Option(
         min=1, help="Devices to measure on (default: every GPU for cuda, 1 for llvm).")] = None,
-    search: Annotated[str, typer.Option(help="Search strategy: random or grid.")] = "random",
+    search: Annotated[str, typer.Option(help="Search strategy: xgb (the cost model guides simulated annealing), "
+                                        "random or grid.")] = "random",
     export: Annotated[Path | None, typer.Option(help="Write the best config (farm.best/1 JSON) here.")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the search.")] = 0,
     batch_size: Annotated[int, typer.Option(min=1, help="Candidates per worker per round.")] = 16,
@@ -234,6 +235,10 @@ def status(
         out.print(f"  task {task['id']} {task['workload']['name']} {task['workload']['params']}: "
                   f"{task['trials']}/{task['budget']} trials ({counts}), best {best}, "
                   f"{len(task['rounds'])} rounds")
+    if any(task["rounds"] for task in doc["tasks"]):
+        from farm.report import rounds_summary
+
+        out.print(rounds_summary(store, job))
 
 
 @app.command()
@@ -366,6 +371,48 @@ def build(
     finally:
         tmp.unlink(missing_ok=True)
     out.print(f"wrote {output}: {wl}, inputs {wl.input_shapes()} -> output {wl.output_shape()} ({wl.dtype})")
+
+
+@app.command()
+def predict(
+    workload: Annotated[str, typer.Argument(help="Workload or preset name.")],
+    params: Annotated[list[str] | None, typer.Argument(help="Parameters as key=value.")] = None,
+    target: Annotated[str, typer.Option(help="llvm, cuda, or a JSON target dict.")] = "llvm",
+    top: Annotated[int, typer.Option(min=1, help="How many configs.")] = 5,
+    measure: Annotated[bool, typer.Option("--measure", help="Also build and measure them on this machine.")]
+    = False,
+    db: DbOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+    log_dir: Annotated[Path | None, typer.Option(help="With --measure: keep the RPC logs here.")] = None,
+) -> None:
+    """The cost model's best configs for a shape, without tuning it (zero-shot), from the
+    model trained on the shapes the farm tuned before with the same template and target kind."""
+    from farm.predict import predict as predict_configs
+    from farm.predict import render
+    from farm.targets import parse_target
+    from farm.workloads import make_workload, parse_assignments
+
+    wl = make_workload(workload, parse_assignments(params or []))
+    spec = parse_target(target)
+    out.print(render(predict_configs(wl, spec, _open_store(db), top=top, measure=measure, log_dir=log_dir),
+                     as_json), soft_wrap=True)
+
+
+@app.command()
+def report(
+    jobs: Annotated[list[int], typer.Argument(help="Job ids; several jobs draw one line each, to compare.")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="The PNG to write.")] = Path("curve.png"),
+    db: DbOption = None,
+) -> None:
+    """Plot tuning curves (best latency against trials) and print the jobs' rounds."""
+    from farm.report import plot_tuning_curves, rounds_summary
+
+    store = _open_store(db)
+    path = plot_tuning_curves(store, list(jobs), output)
+    for job in jobs:
+        out.print(f"job {job}")
+        out.print(rounds_summary(store, job))
+    out.print(f"wrote {path}")
 
 
 def _open_store(db: str | None) -> Any:

@@ -20,6 +20,7 @@ from farm.errors import one_line
 from farm.measure import MeasureResult, Status
 from farm.search import SearchStrategy, make_search
 from farm.task import Task
+from scheduler.retrain import retrain, starting_model
 
 log = logging.getLogger("farm.scheduler")
 
@@ -90,7 +91,9 @@ def _run_task(store: Any, writer: Any, job_id: int, row: dict[str, Any], task: T
     """Keep every worker busy with up to QUEUE_DEPTH batches until the budget is spent.
 
     A round closes each time `pool.size * batch_size` results have arrived: the writer is
-    flushed and the round recorded (the model-guided search retrains there).
+    flushed, the shared cost model is retrained on every trial of the task's family and handed
+    to every shard's search, and the round is recorded with the previous model's rank
+    correlation on the round's results.
     """
     task_id, budget = row["id"], row["budget"]
     strategies: list[SearchStrategy] = [make_search(search, task, s, seed) for s in task.space.shards(pool.size)]
@@ -100,6 +103,11 @@ def _run_task(store: Any, writer: Any, job_id: int, row: dict[str, Any], task: T
     done = len(measured)
     best = min((b["latency"] for b in store.best(task_id, 1)), default=None)
     round_ = len(store.rounds(task_id))
+    # A task of a template and target kind tuned before starts from the family's model.
+    current = starting_model(store, row)
+    for strategy in strategies:
+        strategy.set_model(current.model if current else None)
+    round_results: list[MeasureResult] = []
     report(done, best, [])
     inflight: dict[cf.Future[list[MeasureResult]], tuple[int, int, list[int]]] = {}
     queued = [0] * pool.size
@@ -135,15 +143,20 @@ def _run_task(store: Any, writer: Any, job_id: int, row: dict[str, Any], task: T
             for r in results:
                 writer.add(task_id, r)
             strategies[shard].observe(results)
+            round_results.extend(results)
             done += len(results)
             since_round += len(results)
             best = _best(best, results)
             report(done, best, results)
         cancelled = cancelled or store.job_status(job_id) == "cancelled"
-        if since_round >= pool.size * batch_size or not inflight:
-            writer.flush()
-            store.add_round(task_id, round_, done, best)
-            round_, since_round = round_ + 1, 0
+        if round_results and (since_round >= pool.size * batch_size or not inflight):
+            writer.flush()  # the retraining reads every trial of the family from the store
+            trained = retrain(store, row, task, current, round_results)
+            current = trained.current
+            for strategy in strategies:
+                strategy.set_model(current.model)
+            store.add_round(task_id, round_, done, best, trained.rank_corr, current.model_id)
+            round_, since_round, round_results = round_ + 1, 0, []
     return "cancelled" if cancelled else "done"
 
 
