@@ -82,10 +82,8 @@ class Featurizer:
         self.radix = np.array([len(k) for k in self.knobs], dtype=np.int64)
         self.stride = np.concatenate([[1], np.cumprod(self.radix)[:-1]]).astype(np.int64)
         self._positions = [{v: i for i, v in enumerate(k.values)} for k in self.knobs]
-        axes, accesses, out_elements_dtype = _analyse(task.workload)
-        self._axes = axes
-        self._accesses = accesses
-        self._dtype_bytes = out_elements_dtype
+        axes, accesses, self._dtype_bytes = _analyse(task.workload)
+        self._axes, self._accesses = axes, accesses
 
         names: list[str] = []
         const: list[float] = []
@@ -176,10 +174,9 @@ class Featurizer:
         codes = np.zeros((len(configs), len(self.knobs)), dtype=np.int64)
         fits = np.ones(len(configs), dtype=bool)
         for j, (knob, positions) in enumerate(zip(self.knobs, self._positions, strict=True)):
-            split = isinstance(knob, SplitKnob)
             for i, config in enumerate(configs):
                 value = config.get(knob.name) if fits[i] else None
-                position = positions.get(tuple(value) if split and isinstance(value, list) else value)
+                position = positions.get(tuple(value) if isinstance(value, list) else value)  # JSON: lists
                 if position is None:
                     fits[i] = False
                 else:

@@ -135,9 +135,9 @@ class XGBSearch(RandomSearch):
       the move by the Metropolis rule at a temperature falling to 0. Moves onto configs that
       fail the template's check are refused. A shard no larger than what the chains would
       score is scored whole instead.
-    - From the configs scored, best first, never any in `seen` and only valid ones, the plan
-      is picked greedily, passing over near-duplicates: configs that differ from one already
-      picked in fewer than `min_distance` knobs (an infinite distance penalty).
+    - From the best-scored configs, never any in `seen` and only valid ones, the plan is picked
+      greedily by score minus a distance penalty: one standard deviation of the scores for
+      every already picked config it differs from in fewer than `min_distance` knobs.
 
     Every batch draws a share `epsilon` of its configs uniformly at random (exploration), the
     rest from the plan.
@@ -199,7 +199,8 @@ class XGBSearch(RandomSearch):
                 pool.append(i)
                 if len(pool) >= 8 * size:
                     break
-        return self._pick_diverse(pool, size)
+        return self._pick_diverse(pool, scores[order][: len(pool)] if len(pool) else scores[:0], size,
+                                  float(np.std(scores)))
 
     def _candidates(self) -> tuple[np.ndarray, np.ndarray]:
         """Distinct configs of the shard with their scores: the whole shard if small, else the
@@ -273,23 +274,22 @@ class XGBSearch(RandomSearch):
             self._validity[index] = self.task.check(self.task.space.get(index)) is None
         return self._validity[index]
 
-    def _pick_diverse(self, pool: list[int], size: int) -> list[int]:
-        """Up to `size` configs of `pool` (best first), greedily in order, passing over any that
-        differs from an already picked config in fewer than `min_distance` knobs; the ones passed
-        over fill the plan only if too few remain."""
+    def _pick_diverse(self, pool: list[int], scores: np.ndarray, size: int, spread: float) -> list[int]:
+        """Up to `size` configs of `pool`, picked greedily by score minus a penalty of `spread` (the
+        scores' standard deviation) for each picked config it differs from in fewer than
+        `min_distance` knobs: a near-duplicate goes in only if it is predicted much better than
+        every more distinct config left."""
         if len(pool) <= 1:
             return pool[:size]
         codes = self.features.codes(pool)
+        penalty = np.zeros(len(pool))
         picked: list[int] = []
-        passed: list[int] = []
-        for k in range(len(pool)):
-            if len(picked) == size:
-                break
-            if picked and (codes[picked] != codes[k]).sum(axis=1).min() < self.min_distance:
-                passed.append(k)
-            else:
-                picked.append(k)
-        picked += passed[: size - len(picked)]
+        for _ in range(min(size, len(pool))):
+            adjusted = scores - penalty
+            adjusted[picked] = -np.inf
+            k = int(np.argmax(adjusted))
+            picked.append(k)
+            penalty += spread * ((codes != codes[k]).sum(axis=1) < self.min_distance)
         return [pool[k] for k in picked]
 
 
