@@ -216,7 +216,7 @@ def status(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """A job's state, its tasks' trial counts by status, best latency and rounds."""
-    store = _open_store(db)
+    store = _open_store(db, must_exist=True)
     doc = store.job(job)
     if doc is None:
         raise FarmError(f"no job {job} in this database")
@@ -250,7 +250,7 @@ def jobs(
     table = Table()
     for col in ("job", "status", "trials", "budget", "search", "created", "name"):
         table.add_column(col, no_wrap=col != "name")
-    for job in _open_store(db).jobs(limit):
+    for job in _open_store(db, must_exist=True).jobs(limit):
         table.add_row(str(job["id"]), job["status"], str(job.get("trials", "")), str(job["trials_budget"]),
                       job["search"], str(job["created_at"])[:19], job["name"])
     out.print(table)
@@ -264,7 +264,7 @@ def trials(
     as_csv: Annotated[bool, typer.Option("--csv", help="CSV with a header row.")] = False,
 ) -> None:
     """Every trial of a job: config, status, error, latency, worker, device."""
-    store = _open_store(db)
+    store = _open_store(db, must_exist=True)
     if store.job(job) is None:
         raise FarmError(f"no job {job} in this database")
     frame = store.trials(job_id=job)
@@ -289,7 +289,7 @@ def trials(
 @app.command()
 def cancel(job: JobArg, db: DbOption = None) -> None:
     """Stop a queued or running job; its measured trials stay."""
-    store = _open_store(db)
+    store = _open_store(db, must_exist=True)
     if store.job(job) is None:
         raise FarmError(f"no job {job} in this database")
     if store.cancel_job(job):
@@ -323,7 +323,7 @@ def export(
         if len(sources) != 1 or not sources[0].isdigit():
             raise FarmError("give one job id (or --merge and export files)")
         job = int(sources[0])
-        store = _open_store(db)
+        store = _open_store(db, must_exist=True)
         if store.job(job) is None:
             raise FarmError(f"no job {job} in this database")
         doc = validate(export_document(job_records(store, job)), f"job {job}")
@@ -394,8 +394,9 @@ def predict(
 
     wl = make_workload(workload, parse_assignments(params or []))
     spec = parse_target(target)
-    out.print(render(predict_configs(wl, spec, _open_store(db), top=top, measure=measure, log_dir=log_dir),
-                     as_json), soft_wrap=True)
+    predictions = predict_configs(wl, spec, _open_store(db, must_exist=True), top=top, measure=measure,
+                                  log_dir=log_dir)
+    out.print(render(predictions, as_json), soft_wrap=True)
 
 
 @app.command()
@@ -407,7 +408,7 @@ def report(
     """Plot tuning curves (best latency against trials) and print the jobs' rounds."""
     from farm.report import plot_tuning_curves, rounds_summary
 
-    store = _open_store(db)
+    store = _open_store(db, must_exist=True)
     path = plot_tuning_curves(store, list(jobs), output)
     for job in jobs:
         out.print(f"job {job}")
@@ -415,10 +416,23 @@ def report(
     out.print(f"wrote {path}")
 
 
-def _open_store(db: str | None) -> Any:
+def _open_store(db: str | None, must_exist: bool = False) -> Any:
+    """The store at the URL; with `must_exist` (commands that only read), a SQLite file that
+    does not exist is an error rather than a new empty database."""
+    from sqlalchemy.engine import make_url
+
     from db.store import open_store
 
-    return open_store(_db_url(db))
+    url = _db_url(db)
+    if must_exist:
+        try:
+            parsed = make_url(url)
+        except Exception:
+            parsed = None  # open_store reports malformed URLs
+        if parsed is not None and parsed.get_backend_name() == "sqlite" and parsed.database \
+                and not Path(parsed.database).exists():
+            raise FarmError(f"no database at {url}: give --db or FARM_DB (run `farm tune` or `farm submit` first)")
+    return open_store(url)
 
 
 def _run_with_progress(scheduler: Any, job_id: int) -> str:

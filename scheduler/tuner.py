@@ -151,11 +151,12 @@ def _run_task(store: Any, writer: Any, job_id: int, row: dict[str, Any], task: T
         cancelled = cancelled or store.job_status(job_id) == "cancelled"
         if round_results and (since_round >= pool.size * batch_size or not inflight):
             writer.flush()  # the retraining reads every trial of the family from the store
+            guided_by = current.model_id if current else None  # the model the round's rank_corr scores
             trained = retrain(store, row, task, current, round_results)
             current = trained.current
             for strategy in strategies:
                 strategy.set_model(current.model)
-            store.add_round(task_id, round_, done, best, trained.rank_corr, current.model_id)
+            store.add_round(task_id, round_, done, best, trained.rank_corr, guided_by)
             round_, since_round, round_results = round_ + 1, 0, []
     return "cancelled" if cancelled else "done"
 
