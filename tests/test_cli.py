@@ -48,6 +48,11 @@ def test_workloads_lists_everything_with_space_sizes() -> None:
     (["tune", "matmul", "M=4", "N=4", "K=4", "--export", "no/such/dir/best.json"], "does not exist"),
     (["tune", "matmul", "M=4", "N=4", "K=4", "--search", "annealing"], "unknown search"),
     (["tune", "matmul", "M=4", "N=4", "K=4", "--trials", "0"], "trials"),
+    (["status", "1"], "no database at"),
+    (["jobs"], "no database at"),
+    (["trials", "1", "--csv"], "no database at"),
+    (["predict", "matmul", "M=4", "N=4", "K=4"], "no database at"),
+    (["report", "1", "-o", "curve.png"], "no database at"),
 ])
 def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path: Path, args: list[str], message: str) -> None:
     proc = farm(*args, "--db", f"sqlite:///{tmp_path}/farm.db", cwd=tmp_path)
@@ -99,3 +104,28 @@ def test_tune_end_to_end_on_llvm(tmp_path: Path) -> None:
     assert status == "done"
     best = min(r[2] for r in rows if r[1] == "ok")
     assert rec["latency_us"] == pytest.approx(best * 1e6)
+
+
+@pytest.mark.slow
+def test_model_guided_tuning_learns_visibly_and_predicts_new_shapes(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path}/farm.db"
+    proc = farm("tune", "matmul", "M=64", "N=48", "K=64", "--trials", "24", "--batch-size", "6", "--search", "xgb",
+                "--db", db, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    status = json.loads(farm("status", "1", "--json", "--db", db, cwd=tmp_path).stdout)
+    rounds = status["tasks"][0]["rounds"]
+    assert len(rounds) == 4 and [r["trials"] for r in rounds] == [6, 12, 18, 24]
+    # The model needs 8 trials: from the third round on, every round is model-guided, and the
+    # model is scored (rank correlation) on the round it guided.
+    assert rounds[0]["model_id"] is None and all(r["model_id"] for r in rounds[2:])
+    assert all(r["rank_corr"] is not None for r in rounds[2:])
+    best = [r["best_latency"] for r in rounds]
+    assert best == sorted(best, reverse=True)  # best-so-far never gets worse
+    # Zero-shot: a shape never tuned, from the family's model, in well under a second of model time.
+    pred = farm("predict", "matmul", "M=96", "N=32", "K=64", "--top", "3", "--json", "--db", db, cwd=tmp_path)
+    assert pred.returncode == 0, pred.stderr
+    configs = [p["config"] for p in json.loads(pred.stdout)]
+    task = Task(make_workload("matmul", {"M": 96, "N": 32, "K": 64}), parse_target("llvm"))
+    assert len(configs) == 3 and all(task.check(task.space.from_json(c)) is None for c in configs)
+    curve = farm("report", "1", "-o", str(tmp_path / "curve.png"), "--db", db, cwd=tmp_path)
+    assert curve.returncode == 0 and (tmp_path / "curve.png").read_bytes()[:4] == b"\x89PNG"
