@@ -15,7 +15,6 @@ samples bench/costmodel_search.py measured.
 from __future__ import annotations
 
 import json
-import platform
 import subprocess
 import tempfile
 from dataclasses import replace
@@ -31,20 +30,13 @@ from farm.search import make_search
 from farm.task import Task
 from farm.workloads import Workload
 from scheduler.retrain import retrain, starting_model
+from workers.device import cpu_model
 
 
 def machine() -> str:
     """One line: CPU model and core count, for the reports."""
-    model = platform.processor() or "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     cores = subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip()
-    return f"{model}, {cores} cores"
+    return f"{cpu_model()}, {cores} cores"
 
 
 class LocalDevice:

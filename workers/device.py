@@ -28,6 +28,17 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo, "unknown" where there is none."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
+
+
 def gpu_count() -> int:
     """GPUs visible to this process (nvidia-smi), 0 when there are none."""
     try:

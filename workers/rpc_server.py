@@ -53,17 +53,11 @@ def _device_name(kind: str) -> str:
 
     import tvm
 
+    from workers.device import cpu_model
+
     if kind == "cuda":
         return str(tvm.cuda(0).device_name)
-    model = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"CPU {model or 'unknown'} ({socket.gethostname()})"
+    return f"CPU {cpu_model()} ({socket.gethostname()})"
 
 
 def _register() -> None:
