@@ -60,8 +60,14 @@ def farm_runner(task: Task, builds: list[BuildResult], tracker: tuple[str, int],
     runner = RPCRunner(tracker, server.key, task.target.kind, ev, timeout=60, on_hang=server.kill_sessions,
                        screen_factor=screen)
     start = time.perf_counter()
-    results = runner.measure(task, builds)
+    results, phases = [], []
+    for build in builds:
+        results.append(runner.measure_one(task, build))
+        phases.append(dict(runner.phases))
     seconds = time.perf_counter() - start
+    steps = {k for p in phases for k in p}
+    print(f"farm runner (screen {screen}) median ms per step: " + ", ".join(
+        f"{k} {statistics.median(p.get(k, 0.0) for p in phases) * 1e3:.1f}" for k in sorted(steps)))
     runner.close()  # the server serves one session at a time
     return results, seconds, runner.sessions_opened
 

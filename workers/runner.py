@@ -102,6 +102,7 @@ class RPCRunner:
         self.screen_factor = screen_factor
         self._best: dict[str, float] = {}  # best median latency so far, per workload
         self.sessions_opened = 0
+        self.phases: dict[str, float] = {}  # seconds per step of the last candidate measured
 
     # --- sessions ---------------------------------------------------------------------
 
@@ -187,27 +188,42 @@ class RPCRunner:
         args = s.inputs[key]
         _, expected, tolerance = self._reference(task)
 
+        self.phases = {}
+        clock = [time.perf_counter()]
+
+        def phase(name: str) -> None:
+            now = time.perf_counter()
+            self.phases[name] = now - clock[0]
+            clock[0] = now
+
         name = Path(build.library).name
         s.sess.upload(build.library, name)
         if build.cubin and s.put_cubin is not None:
             cubin = Path(build.cubin).name
             s.sess.upload(build.cubin, cubin)
             s.put_cubin(build.source_sha, s.workpath(cubin))
+        phase("upload")
         try:
-            self._check_and_time(s, task, build, result, s.sess.load_module(name), args, expected, tolerance)
+            module = s.sess.load_module(name)
+            phase("load")
+            self._check_and_time(s, task, result, module, args, expected, tolerance, phase)
         finally:
             s.sess.remove(name)
             if build.cubin and s.put_cubin is not None:
                 s.sess.remove(Path(build.cubin).name)
+            phase("cleanup")
+            log.debug("candidate %d phases: %s", build.config_index,
+                      " ".join(f"{k} {v * 1e3:.1f} ms" for k, v in self.phases.items()))
 
-    def _check_and_time(self, s: _Session, task: Task, build: BuildResult, result: MeasureResult, module: Any,
-                        args: list[Any], expected: np.ndarray, tolerance: float) -> None:
+    def _check_and_time(self, s: _Session, task: Task, result: MeasureResult, module: Any, args: list[Any],
+                        expected: np.ndarray, tolerance: float, phase: Callable[[str], None]) -> None:
         import tvm
 
         out = tvm.runtime.tensor(np.full(expected.shape, np.nan, dtype=expected.dtype), s.dev)
         module["main"](*args, out)
         s.dev.sync()
         error = _relative_error(out.numpy(), expected)
+        phase("check")
         if not error <= tolerance:  # NaN (unwritten output) fails too
             result.status = Status.WRONG_RESULT
             result.error = f"relative error {error:.3g} > {tolerance:g}"
@@ -216,6 +232,7 @@ class RPCRunner:
         best = self._best.get(key)
         if self.screen_factor and best is not None:
             probe = float(module.time_evaluator("main", s.dev, number=1, repeat=1)(*args, out).results[0])
+            phase("probe")
             if probe > self.screen_factor * best:
                 # Far slower than the best so far: one timing ranks it well enough, and fully
                 # evaluating slow kernels is where a tuning run's device time would go.
@@ -225,6 +242,7 @@ class RPCRunner:
         timer = module.time_evaluator("main", s.dev, number=ev.number, repeat=ev.repeat,
                                       min_repeat_ms=ev.min_repeat_ms)
         result.latencies = [float(x) for x in timer(*args, out).results]
+        phase("evaluate")
         latency = float(np.median(result.latencies))
         self._best[key] = min(latency, best) if best is not None else latency
 
