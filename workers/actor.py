@@ -42,8 +42,11 @@ class WorkerActor:
                                         host=os.environ.get("FARM_RPC_HOST", "127.0.0.1"), log=log)
             wait_for_keys(tracker, [self.key], 90.0, [self.server.proc])
         on_hang = self.server.kill_sessions if self.server is not None else None
+        # On a device the farm does not own, a hung kernel holds the device until the server
+        # ends the session: keep sessions short there.
         self.worker = Worker(WorkerConfig(name=name, tracker=tracker, key=self.key, kind=kind,
-                                          build_workers=build_workers), on_hang=on_hang)
+                                          build_workers=build_workers,
+                                          session_timeout=600.0 if own_server else 120.0), on_hang=on_hang)
 
     def info(self) -> dict[str, Any]:
         """Where this worker runs and which device key it measures on."""

@@ -31,7 +31,9 @@ class WorkerConfig:
     build_workers: int | None = None
     build_timeout: float = 60.0
     run_timeout: float = 10.0
-    session_timeout: float = 120.0
+    # A session opens in ~4.7 s on a GPU server (a spawned process): a long one amortises that
+    # to ~1% of the measuring time. A hang still ends at once on a server the worker owns (on_hang).
+    session_timeout: float = 600.0
     evaluator: EvaluatorConfig | None = None
 
 
