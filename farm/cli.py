@@ -416,6 +416,23 @@ def report(
     out.print(f"wrote {path}")
 
 
+db_app = typer.Typer(help="The farm's database: schema migrations.", no_args_is_help=True)
+app.add_typer(db_app, name="db")
+
+
+@db_app.command("upgrade")
+def db_upgrade(db: DbOption = None) -> None:
+    """Create the schema, or migrate it to this farm's version (Alembic); safe to run again."""
+    from db.engine import make_engine
+    from db.migrate import current, head, upgrade
+
+    url = _db_url(db)
+    make_engine(url).dispose()  # one clear error for an unreachable database
+    before = current(url)
+    upgrade(url)
+    out.print(f"{url}: schema at {head()} (was {before or 'empty'})")
+
+
 def _open_store(db: str | None, must_exist: bool = False) -> Any:
     """The store at the URL; with `must_exist` (commands that only read), a SQLite file that
     does not exist is an error rather than a new empty database."""

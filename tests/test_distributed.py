@@ -125,3 +125,29 @@ def test_client_against_a_scheduler_process(pg_url: str, tmp_path: Path) -> None
             assert client.job(big.id).status()["status"] == "cancelled"
     finally:
         _stop(proc)
+
+
+def test_a_lab_device_with_only_a_stock_rpc_server_is_used_by_its_key(pg_url: str, ray_local: None,
+                                                                        tmp_path: Path) -> None:
+    """A board that runs TVM's own RPC server (no Ray, no farm code) measures a job that names its key."""
+    from deploy.local_cluster import LocalTracker
+    from workers.device import free_port, spawn_module, wait_for_keys
+
+    store = open_store(pg_url)
+    with LocalTracker(log=tmp_path / "tracker.log") as tracker:
+        port = free_port()
+        board = spawn_module(["tvm.exec.rpc_server", "--tracker", f"127.0.0.1:{tracker.port}", "--key", "lab-board",
+                              "--host", "127.0.0.1", "--port", str(port), "--port-end", str(port + 50)],
+                             tmp_path / "board.log")
+        try:
+            wait_for_keys(tracker.address, ["lab-board"], 60, [board])
+            job_id = JobRequest.build(SMALL, "llvm", 8, batch_size=4, rpc_keys=["lab-board"]).submit(store)
+            with Scheduler(store, tracker=tracker.address) as scheduler:
+                store.claim_job(scheduler.id, job_id=job_id)
+                assert scheduler.run_job(job_id) == "done"
+        finally:
+            os.killpg(board.pid, signal.SIGKILL)
+            board.wait()
+    trials = store.trials(job_id=job_id)
+    assert len(trials) == 8 and (trials["status"] == "ok").all(), trials["error"].tolist()
+    assert all("lab-board" in d for d in trials["device"])  # measured on the board, named by its key
