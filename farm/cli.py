@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from farm.errors import FarmError
+from farm.errors import FarmError, require_folder_of
 
 app = typer.Typer(
     add_completion=False,
@@ -110,8 +110,8 @@ def tune(
     # Validate everything before anything is written or started.
     wl = make_workload(workload, parse_assignments(params or []))
     request = JobRequest.build([wl], target, trials, search=search, seed=seed, batch_size=batch_size)
-    if export is not None and not (export.parent if str(export.parent) else Path(".")).is_dir():
-        raise FarmError(f"cannot write the export to {export}: folder {export.parent} does not exist")
+    if export is not None:
+        require_folder_of(export)
     if request.target.is_gpu:
         gpus = gpu_count()
         if gpus == 0:
@@ -357,8 +357,7 @@ def build(
     from farm.workloads import make_workload, parse_assignments
 
     wl = make_workload(workload, parse_assignments(params or []))
-    if not (output.parent if str(output.parent) else Path(".")).is_dir():
-        raise FarmError(f"cannot write {output}: folder {output.parent} does not exist")
+    require_folder_of(output)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         lib = build_kernel(wl, target, best, allow_stale=allow_stale)

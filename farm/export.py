@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from farm.errors import FarmError
+from farm.errors import FarmError, require_folder_of
 from farm.task import Task
 
 FORMAT = "farm.best/1"
@@ -73,11 +73,8 @@ def job_records(store: Any, job_id: int) -> list[dict[str, Any]]:
 
 def write_json_atomic(path: str | Path, doc: Any) -> None:
     """Write `doc` as JSON to `path` via a temporary file in the same folder."""
-    target = Path(path)
-    folder = target.parent if str(target.parent) else Path(".")
-    if not folder.is_dir():
-        raise FarmError(f"cannot write {target}: folder {folder} does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=folder)
+    target = require_folder_of(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(doc, f, indent=2, sort_keys=True)
@@ -187,10 +184,9 @@ def write_metaschedule(records: list[dict[str, Any]], folder: str | Path) -> Pat
     files = [out / "database_workload.json", out / "database_tuning_record.json"]
     if any(f.exists() for f in files):
         raise FarmError(f"{out} already holds a MetaSchedule database; choose an empty folder")
-    if not (out.parent if str(out.parent) else Path(".")).is_dir():
-        raise FarmError(f"cannot create {out}: folder {out.parent} does not exist")
+    require_folder_of(out)
     # Build the database in a temporary folder, then move it into place: never half-written.
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent if str(out.parent) else "."))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         db = ms.database.JSONDatabase(str(tmp / files[0].name), str(tmp / files[1].name), allow_missing=True)
         for rec in records:

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from farm.errors import FarmError
+from farm.errors import FarmError, require_folder_of
 
 
 @dataclass
@@ -72,9 +72,7 @@ def plot_tuning_curves(store: Any, job_ids: list[int], output: str | Path) -> Pa
     matplotlib.use("Agg")  # no display: files only
     import matplotlib.pyplot as plt
 
-    path = Path(output)
-    if not (path.parent if str(path.parent) else Path(".")).is_dir():
-        raise FarmError(f"cannot write {path}: folder {path.parent} does not exist")
+    path = require_folder_of(output)
     curves = [c for c in tuning_curves(store, job_ids) if len(c.best_us)]
     if not curves:
         raise FarmError(f"job(s) {', '.join(map(str, job_ids))} have no measured trials yet: nothing to plot")
