@@ -66,7 +66,7 @@ class _Session:
         try:
             self.put_cubin = sess.get_function("farm.cubin.put")
             self.device_name = str(sess.get_function("farm.device.name")(kind))
-        except Exception:  # a stock TVM server: it compiles device code itself
+        except AttributeError:  # a stock TVM server ("Module has no function"): it compiles device code itself
             self.put_cubin = None
             self.device_name = self._stock_device_name(key)
 
@@ -106,13 +106,25 @@ class RPCRunner:
 
     # --- sessions ---------------------------------------------------------------------
 
-    def _open(self) -> _Session:
+    def _open(self, attempts: int = 5) -> _Session:
+        """A new session; retried while the server is coming back (a killed or crashed session
+        process takes its server down for a moment, and the tracker may still offer it)."""
+        for attempt in range(attempts - 1):
+            try:
+                return self._connect()
+            except Exception as e:
+                log.info("opening a session on %s failed (%s); retrying", self.key, one_line(e))
+                time.sleep(1.0 + attempt)
+        return self._connect()
+
+    def _connect(self) -> _Session:
         from tvm import rpc
 
         tracker = rpc.connect_tracker(*self.tracker)
         sess = tracker.request(self.key, priority=1, session_timeout=self.session_timeout, max_retry=60)
+        opened = _Session(sess, self.kind, self.key)
         self.sessions_opened += 1
-        return _Session(sess, self.kind, self.key)
+        return opened
 
     def session(self) -> _Session:
         """The open session, renewed before the server's session timeout could end it."""
@@ -147,6 +159,14 @@ class RPCRunner:
             result.status, result.error = build.status or Status.BUILD_ERROR, build.error
             return result
         start = time.perf_counter()
+        try:
+            # Outside the candidate's time limit: a server coming back after another
+            # candidate's crash or hang is not this candidate's fault.
+            self.session()
+        except Exception as e:
+            result.status, result.error = Status.RUNTIME_ERROR, f"no session on {self.key}: {one_line(e)}"
+            result.run_seconds = time.perf_counter() - start
+            return result
         box: dict[str, Any] = {}
         # The thread fills its own copy: after a timeout it may still finish, and must not
         # change the result already reported.
