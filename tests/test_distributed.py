@@ -15,6 +15,7 @@ import pytest
 
 from db.store import open_store
 from farm.client import Client
+from farm.errors import FarmError
 from farm.jobs import JobRequest
 from scheduler.service import Scheduler
 
@@ -151,3 +152,17 @@ def test_a_lab_device_with_only_a_stock_rpc_server_is_used_by_its_key(pg_url: st
     trials = store.trials(job_id=job_id)
     assert len(trials) == 8 and (trials["status"] == "ok").all(), trials["error"].tolist()
     assert all("lab-board" in d for d in trials["device"])  # measured on the board, named by its key
+
+
+def test_embedded_client_runs_its_jobs_in_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  ray_local: None) -> None:
+    """`Client()` with no URL: $FARM_DB (else sqlite:///farm.db), jobs run by this process."""
+    monkeypatch.setenv("FARM_DB", f"sqlite:///{tmp_path}/embedded.db")
+    with Client() as client:
+        assert client.embedded and client.url.endswith("embedded.db")
+        job = client.submit(SMALL, target="llvm", trials=6, batch_size=3)
+        assert job.wait(progress=True, timeout=300) == "done"
+        assert len(job.trials()) == 6 and job.best()
+        with pytest.raises(FarmError, match="unknown workload"):
+            client.submit(["conv3d"], trials=4)
+    assert len(open_store(f"sqlite:///{tmp_path}/embedded.db").jobs()) == 1  # the bad job wrote nothing
