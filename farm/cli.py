@@ -311,14 +311,12 @@ def export(
     db: DbOption = None,
 ) -> None:
     """Export a job's best config per task, or merge exports of several jobs or farms."""
-    from farm.export import export_document, job_records, load, validate, write_json_atomic, write_metaschedule
+    from farm.export import export_job, load, write
     from farm.export import merge as merge_documents
 
-    if format not in ("farm", "metaschedule"):
-        raise FarmError(f"unknown export format {format!r}: use farm or metaschedule")
-    store = None
     if merge:
-        doc = merge_documents([load(path, allow_stale) for path in sources])
+        records = merge_documents([load(path, allow_stale) for path in sources])["records"]
+        write(records, output, format)
     else:
         if len(sources) != 1 or not sources[0].isdigit():
             raise FarmError("give one job id (or --merge and export files)")
@@ -326,16 +324,8 @@ def export(
         store = _open_store(db, must_exist=True)
         if store.job(job) is None:
             raise FarmError(f"no job {job} in this database")
-        doc = validate(export_document(job_records(store, job)), f"job {job}")
-        if not doc["records"]:
-            raise FarmError(f"job {job} has no correct trial to export yet")
-    if format == "farm":
-        write_json_atomic(output, doc)
-    else:
-        write_metaschedule(doc["records"], output)
-    if store is not None:
-        store.add_export(int(sources[0]), format, str(output), len(doc["records"]))
-    out.print(f"wrote {len(doc['records'])} record(s) to {output} ({format})")
+        records = export_job(store, job, output, format)
+    out.print(f"wrote {len(records)} record(s) to {output} ({format})")
 
 
 @app.command()
@@ -473,7 +463,7 @@ def _run_with_progress(scheduler: Any, job_id: int) -> str:
 
 
 def _report_best(store: Any, job_id: int, export: Path | None) -> None:
-    from farm.export import export_document, job_records, write_json_atomic
+    from farm.export import export_job, job_records
 
     records = job_records(store, job_id)
     counts = store.job(job_id)
@@ -489,8 +479,7 @@ def _report_best(store: Any, job_id: int, export: Path | None) -> None:
             by_status = ", ".join(f"{k} {v}" for k, v in sorted(t.get("counts", {}).items()))
             out.print(f"  trials: {by_status}")
     if export is not None:
-        write_json_atomic(export, export_document(records))
-        store.add_export(job_id, "farm", str(export), len(records))
+        export_job(store, job_id, export)
         out.print(f"exported {len(records)} record(s) to {export}")
 
 

@@ -86,18 +86,9 @@ class Job:
     def export(self, path: str | Path, format: str = "farm") -> Path:
         """Write the job's best configs to `path`: format `farm`, one farm.best/1 JSON file;
         `metaschedule`, a folder holding a MetaSchedule JSON database."""
-        from farm.export import export_document, write_json_atomic, write_metaschedule
+        from farm.export import export_job
 
-        if format not in ("farm", "metaschedule"):
-            raise FarmError(f"unknown export format {format!r}: use farm or metaschedule")
-        records = self.best()
-        if not records:
-            raise FarmError(f"job {self.id} has no correct trial to export yet")
-        if format == "farm":
-            write_json_atomic(path, export_document(records))
-        else:
-            write_metaschedule(records, path)
-        self.client.store.add_export(self.id, format, str(path), len(records))
+        export_job(self.client.store, self.id, path, format)
         return Path(path)
 
 

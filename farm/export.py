@@ -71,6 +71,31 @@ def job_records(store: Any, job_id: int) -> list[dict[str, Any]]:
     return out
 
 
+FORMATS = ("farm", "metaschedule")
+
+
+def write(records: list[dict[str, Any]], path: str | Path, format: str = "farm") -> None:
+    """Write `records` as `format`: farm, one farm.best/1 JSON file; metaschedule, a folder
+    holding a MetaSchedule JSON database. FarmError for another format."""
+    if format not in FORMATS:
+        raise FarmError(f"unknown export format {format!r}: use {' or '.join(FORMATS)}")
+    if format == "farm":
+        write_json_atomic(path, export_document(records))
+    else:
+        write_metaschedule(records, path)
+
+
+def export_job(store: Any, job_id: int, path: str | Path, format: str = "farm") -> list[dict[str, Any]]:
+    """Write the job's best records to `path` as `format`, note the export in the store, and
+    return the records. FarmError when no trial of the job ran correctly yet."""
+    records = job_records(store, job_id)
+    if not records:
+        raise FarmError(f"job {job_id} has no correct trial to export yet")
+    write(records, path, format)
+    store.add_export(job_id, format, str(path), len(records))
+    return records
+
+
 def write_json_atomic(path: str | Path, doc: Any) -> None:
     """Write `doc` as JSON to `path` via a temporary file in the same folder."""
     target = require_folder_of(path)

@@ -66,9 +66,8 @@ class Scheduler:
         """Run a job this scheduler has claimed; record and return its final status."""
         job = self.store.job(job_id)
         spec = job["spec"]
-        beat = threading.Thread(target=self._heartbeat, args=(job_id,), daemon=True, name="farm-heartbeat")
         done = threading.Event()
-        beat.done = done  # type: ignore[attr-defined]
+        beat = threading.Thread(target=self._heartbeat, args=(job_id, done), daemon=True, name="farm-heartbeat")
         status, error = "failed", ""
         beat.start()
         try:
@@ -88,8 +87,7 @@ class Scheduler:
             self.store.finish_job(job_id, status, error)
         return status
 
-    def _heartbeat(self, job_id: int) -> None:
-        done: threading.Event = threading.current_thread().done  # type: ignore[attr-defined]
+    def _heartbeat(self, job_id: int, done: threading.Event) -> None:
         while not done.wait(self.heartbeat_seconds):
             try:
                 self.store.heartbeat(job_id, self.id)
