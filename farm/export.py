@@ -33,8 +33,9 @@ _FIELDS = {"workload": dict, "target": dict, "template": str, "template_version"
            "latency_us": (int, float), "device": str}
 
 
-def record(task: Task, trial: dict[str, Any]) -> dict[str, Any]:
-    """The export record of one measured trial (a row of ResultStore.best)."""
+def record(task: Task, trial: dict[str, Any], template_version: str) -> dict[str, Any]:
+    """The export record of one measured trial (a row of ResultStore.best), tuned with
+    `template_version` of the task's template (which may be older than the farm's own)."""
     import tvm
 
     latencies = [float(x) for x in trial["latencies"]]
@@ -43,7 +44,7 @@ def record(task: Task, trial: dict[str, Any]) -> dict[str, Any]:
         "workload": task.workload.to_json(),
         "target": task.target.to_json(),
         "template": task.template.name,
-        "template_version": task.template.version,
+        "template_version": template_version,
         "config": trial["config"],
         "latency_us": median * 1e6,
         "latency_stats_us": {
@@ -67,7 +68,7 @@ def job_records(store: Any, job_id: int) -> list[dict[str, Any]]:
         best = store.best(row["id"], 1)
         if best:
             task = Task.from_json({"workload": row["workload"], "target": row["target"]})
-            out.append(record(task, best[0]))
+            out.append(record(task, best[0], row["template_version"]))
     return out
 
 

@@ -150,3 +150,23 @@ def test_bad_exports_are_refused(tuned: Path, tmp_path: Path) -> None:
         proc = farm("build", "matmul", *ARGS, "--best", str(export), "-o", str(tmp_path / "k.so"), cwd=tmp_path)
         assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
         assert not (tmp_path / "k.so").exists()
+
+
+@pytest.mark.slow
+def test_an_export_carries_the_template_version_it_was_tuned_with(tuned: Path, tmp_path: Path) -> None:
+    """A job tuned with an older template exports that version, and applying it is refused."""
+    import shutil
+    import sqlite3
+
+    from db.store import open_store
+    from farm.export import export_job
+
+    db = tmp_path / "farm.db"
+    shutil.copy(tuned.parent / "farm.db", db)
+    with sqlite3.connect(db) as connection:
+        connection.execute("update tasks set template_version = '0ld'")
+    (rec,) = export_job(open_store(f"sqlite:///{db}"), 1, tmp_path / "old.json")
+    assert rec["template_version"] == "0ld"
+    with pytest.raises(FarmError, match="--allow-stale"):
+        build("matmul", "llvm", best=tmp_path / "old.json", params=PARAMS)
+    assert build("matmul", "llvm", best=tmp_path / "old.json", params=PARAMS, allow_stale=True) is not None
