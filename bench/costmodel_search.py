@@ -94,10 +94,10 @@ def main() -> None:
                             f"ratio {'n/a' if ratio is None else f'{ratio:.1f}x'}")
             row["seconds"] = time.perf_counter() - start
             figures["workloads"][name] = row
+            figures["configs_measured"] = device.measured
             print("\n".join(line) + f"\n  ({row['seconds']:.0f} s)", flush=True)
-        figures["configs_measured"] = device.measured
-    if args.json:
-        args.json.write_text(json.dumps(figures, indent=1))
+            if args.json:  # after every workload, so a run cut short keeps what it finished
+                args.json.write_text(json.dumps(figures, indent=1))
 
 
 if __name__ == "__main__":

@@ -1,15 +1,16 @@
 """Zero-shot prediction: the family model's configs for shapes it was never trained on, measured,
 against tuning those shapes.
 
-    python bench/costmodel_zeroshot.py [--train-trials 48] [--tune-trials 64] [--top 5]
+    python bench/costmodel_zeroshot.py [--train-trials 48] [--tune-trials 64] [--top 5] [--target llvm]
 
-Per family (matmul and conv2d on llvm): the training shapes are tuned one after another in one
-SQLite store (xgb, `--train-trials` each; as on the farm, each starts from the family model
-the previous ones left). Then for every held-out shape, never measured: `farm.predict.predict`
-picks `--top` configs from the family model alone and they are measured (zero-shot: best of
-them); and the shape is tuned from scratch in a store of its own (xgb, `--tune-trials`, no
-transfer): its best is the "tuned" latency. Ratio = zero-shot / tuned (goal: <= 1.3). For scale,
-the best of `--top` random configs is shown too. Measured as bench/costmodel_search.py measures.
+Per family (matmul and conv2d; llvm on this machine's CPU, or cuda on its first GPU): the
+training shapes are tuned one after another in one SQLite store (xgb, `--train-trials` each; as
+on the farm, each starts from the family model the previous ones left). Then for every held-out
+shape, never measured: `farm.predict.predict` picks `--top` configs from the family model alone
+and they are measured (zero-shot: best of them); and the shape is tuned from scratch in a store
+of its own (xgb, `--tune-trials`, no transfer): its best is the "tuned" latency. Ratio =
+zero-shot / tuned (goal: <= 1.3). For scale, the best of `--top` random configs is shown too.
+Measured as bench/costmodel_search.py measures.
 """
 
 from __future__ import annotations
@@ -57,13 +58,14 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--top", type=int, default=5)
     parser.add_argument("--out", type=Path, default=Path("/tmp/farm-bench-costmodel"))
+    parser.add_argument("--target", default="llvm", choices=["llvm", "cuda"])
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     print(f"machine: {machine()}")
     figures: dict = {"machine": machine(), "args": {k: str(v) for k, v in vars(args).items()}, "shapes": []}
-    llvm = parse_target("llvm")
-    with LocalDevice(args.out / "logs", args.out / "measured.json") as device:
+    target = parse_target(args.target)
+    with LocalDevice(args.out / "logs", args.out / "measured.json", args.target) as device:
         for family in args.families:
             train_shapes, held_out = FAMILIES[family]
             store = fresh_store(args.out, f"zeroshot-{family}")
@@ -73,9 +75,9 @@ def main() -> None:
             print(f"{family}: trained on {len(train_shapes)} shapes x {args.train_trials} trials "
                   f"in {time.perf_counter() - start:.0f} s", flush=True)
             for wl in held_out:
-                task = Task(wl, llvm)
+                task = Task(wl, target)
                 start = time.perf_counter()
-                predicted = predict(wl, llvm, store, top=args.top)
+                predicted = predict(wl, target, store, top=args.top)
                 predict_seconds = time.perf_counter() - start
                 measured = device.measure(task, [p.config_index for p in predicted])
                 zero_shot, top1 = best_us(measured), best_us(measured[:1])

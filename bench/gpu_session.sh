@@ -1,16 +1,22 @@
 #!/usr/bin/env bash
 # The GPU measurements, run on a lent H100/H200 after the device bundles are staged
-# (../shared/device/README.md). Steps (default: all, in this order):
+# (../shared/device/README.md). Steps (default: the first four, in this order):
 #   torch       PyTorch/cuDNN latency of every preset (bench/torch_baseline.py)
 #   smoke       a 24-trial cuda job on a small matmul: the cuda path works end to end
 #   throughput  farm runner vs stock MetaSchedule RPCRunner on 32 resnet-last-conv candidates
 #   tune        a TRIALS-trial cuda tuning job of resnet-last-conv, exported
-#   bash bench/gpu_session.sh OUTDIR [STEP ...]      (TRIALS=300 by default)
+#   vsms        farm xgb vs stock ms.tune_tir, MS_TRIALS each (bench/vs_metaschedule.py)
+#   search      xgb vs random search, trials to 95% of the best (bench/costmodel_search.py)
+#   zeroshot    farm predict on held-out conv2d shapes vs tuning them (bench/costmodel_zeroshot.py)
+#   bash bench/gpu_session.sh OUTDIR [STEP ...]      (TRIALS=300, MS_TRIALS=128 by default)
+# OUTDIR/DONE appears when every step has ended (for a session run in the background and
+# collected by bench/gpu_collect.sh).
 set -uo pipefail
 OUT=${1:?output folder}; shift
 STEPS=${*:-torch smoke throughput tune}
 TRIALS=${TRIALS:-300}
-mkdir -p "$OUT"
+MS_TRIALS=${MS_TRIALS:-128}
+mkdir -p "$OUT"; rm -f "$OUT/DONE"
 export PYTHONPATH=${PYTHONPATH:-}:$PWD PYTHONUNBUFFERED=1
 nvidia-smi -L | tee "$OUT/gpu.txt"
 step() { local name=$1 limit=$2; shift 2; echo "== $name"; local t0=$SECONDS
@@ -24,6 +30,13 @@ for s in $STEPS; do
              --preset resnet-last-conv --candidates 32 --json "$OUT/throughput.json" ;;
     tune) step tune 560 python3 -m farm tune resnet-last-conv --target cuda --trials "$TRIALS" \
              --db "sqlite:///$OUT/farm.db" --export "$OUT/best.json" --log-dir "$OUT/logs" ;;
-    *) echo "unknown step $s" >&2; exit 2 ;;
+    vsms) step vsms 1200 python3 bench/vs_metaschedule.py --target cuda --trials "$MS_TRIALS" \
+             --out "$OUT/vsms" --json "$OUT/vsms.json" ;;
+    search) step search 1500 python3 bench/costmodel_search.py --target cuda --budget 64 --seeds 2 \
+             --random 128 --out "$OUT/search" --json "$OUT/search.json" ;;
+    zeroshot) step zeroshot 1200 python3 bench/costmodel_zeroshot.py --target cuda --families conv2d \
+             --out "$OUT/zeroshot" --json "$OUT/zeroshot.json" ;;
+    *) echo "unknown step $s" >&2 ;;
   esac
 done
+touch "$OUT/DONE"

@@ -20,11 +20,13 @@ import concurrent.futures as cf
 import multiprocessing
 import random
 import time
+from collections.abc import Iterable
 
 from db.store import open_store
 from farm.jobs import JobRequest
 from farm.measure import MeasureResult, Status
 from farm.task import Task
+from scheduler.shards import LocalSearches
 from scheduler.tuner import run_job
 
 
@@ -42,6 +44,9 @@ class InstantWorkers:
                                          latencies=[self.rng.uniform(1e-5, 1e-3)] * 3, device="none",
                                          worker=f"w{worker}", shard=shard, round=round_) for i in indices])
         return future
+
+    def searches(self, search: str, task: Task, seed: int, measured: Iterable[int]) -> LocalSearches:
+        return LocalSearches(search, task, seed, self.size, measured)
 
 
 def overhead(url: str, trials: int, workers: int, batch: int) -> float:

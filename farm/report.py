@@ -67,15 +67,21 @@ def plot_tuning_curves(store: Any, job_ids: list[int], output: str | Path) -> Pa
 
     FarmError for an unknown job, a folder that does not exist, or nothing measured yet.
     """
+    curves = [c for c in tuning_curves(store, job_ids) if len(c.best_us)]
+    if not curves:
+        raise FarmError(f"job(s) {', '.join(map(str, job_ids))} have no measured trials yet: nothing to plot")
+    return plot_curves(curves, output)
+
+
+def plot_curves(curves: list[Curve], output: str | Path) -> Path:
+    """Write `curves` (best latency against trials) to the PNG `output`, one panel per workload and
+    one line per curve; returns its path. FarmError if the folder of `output` does not exist."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display: files only
     import matplotlib.pyplot as plt
 
     path = require_folder_of(output)
-    curves = [c for c in tuning_curves(store, job_ids) if len(c.best_us)]
-    if not curves:
-        raise FarmError(f"job(s) {', '.join(map(str, job_ids))} have no measured trials yet: nothing to plot")
     workloads = list(dict.fromkeys(c.workload for c in curves))
     fig, axes = plt.subplots(len(workloads), 1, figsize=(7, 3.2 * len(workloads)), squeeze=False)
     for ax, workload in zip(axes[:, 0], workloads, strict=True):

@@ -12,15 +12,15 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from farm.errors import one_line
 from farm.measure import MeasureResult, Status
-from farm.search import SearchStrategy, make_search
 from farm.task import Task
 from scheduler.retrain import retrain, starting_model
+from scheduler.shards import ShardSearches
 
 log = logging.getLogger("farm.scheduler")
 
@@ -37,6 +37,10 @@ class WorkerPool(Protocol):
 
     def submit(self, worker: int, task: Task, indices: list[int], shard: int,
                round_: int) -> cf.Future[list[MeasureResult]]: ...
+
+    def searches(self, search: str, task: Task, seed: int, measured: Iterable[int]) -> ShardSearches:
+        """One search per worker's shard of `task` (scheduler.shards), none proposing `measured`."""
+        ...
 
 
 @dataclass
@@ -95,18 +99,25 @@ def _run_task(store: Any, writer: Any, job_id: int, row: dict[str, Any], task: T
     to every shard's search, and the round is recorded with the previous model's rank
     correlation on the round's results.
     """
+    measured = store.measured_indices(row["id"])
+    searches = pool.searches(search, task, seed, measured)
+    try:
+        return _tune(store, writer, job_id, row, task, pool, searches, batch_size, report, stall_seconds,
+                     len(measured))
+    finally:
+        searches.close()
+
+
+def _tune(store: Any, writer: Any, job_id: int, row: dict[str, Any], task: Task, pool: WorkerPool,
+          searches: ShardSearches, batch_size: int,
+          report: Callable[[int, float | None, list[MeasureResult]], None], stall_seconds: float, done: int) -> str:
+    """The loop of `_run_task`, `done` trials into the task's budget."""
     task_id, budget = row["id"], row["budget"]
-    strategies: list[SearchStrategy] = [make_search(search, task, s, seed) for s in task.space.shards(pool.size)]
-    measured = store.measured_indices(task_id)
-    for strategy in strategies:
-        strategy.mark_measured(measured)
-    done = len(measured)
     best = min((b["latency"] for b in store.best(task_id, 1)), default=None)
     round_ = len(store.rounds(task_id))
     # A task of a template and target kind tuned before starts from the family's model.
     current = starting_model(store, row)
-    for strategy in strategies:
-        strategy.set_model(current.model if current else None)
+    searches.set_model(current)
     round_results: list[MeasureResult] = []
     report(done, best, [])
     inflight: dict[cf.Future[list[MeasureResult]], tuple[int, int, list[int]]] = {}
@@ -116,14 +127,22 @@ def _run_task(store: Any, writer: Any, job_id: int, row: dict[str, Any], task: T
     since_round = 0
     while True:
         # Fill the queues level by level, so that every worker gets work before any gets two
-        # batches, and the last trials of the budget are spread over the workers too.
+        # batches, and the last trials of the budget are spread over the workers too. The
+        # shards of one level plan their batches in parallel.
         for depth in range(QUEUE_DEPTH):
-            share = -(-(budget - done - sum(len(i) for _, _, i in inflight.values())) // pool.size)
+            left = budget - done - sum(len(i) for _, _, i in inflight.values())
+            share = -(-left // pool.size)
+            wanted: list[tuple[int, int]] = []
             for worker in range(pool.size):
-                left = budget - done - sum(len(i) for _, _, i in inflight.values())
-                if cancelled or exhausted or left <= 0 or queued[worker] > depth:
+                n = min(batch_size, share, left)
+                if cancelled or exhausted or n <= 0 or queued[worker] > depth:
                     continue
-                shard, indices = _propose(strategies, worker, min(batch_size, share, left))
+                wanted.append((worker, n))
+                left -= n
+            for (worker, n), indices in zip(wanted, searches.propose(wanted), strict=True):
+                shard = worker
+                if not indices:  # work stealing: the first shard with configs left
+                    shard, indices = _steal(searches, n)
                 if not indices:
                     exhausted = True
                     log.info("task %s: space exhausted after %d trials", task, done)
@@ -142,7 +161,7 @@ def _run_task(store: Any, writer: Any, job_id: int, row: dict[str, Any], task: T
             results = _results(future, task, indices, shard, round_)
             for r in results:
                 writer.add(task_id, r)
-            strategies[shard].observe(results)
+            searches.observe(shard, results)
             round_results.extend(results)
             done += len(results)
             since_round += len(results)
@@ -154,8 +173,7 @@ def _run_task(store: Any, writer: Any, job_id: int, row: dict[str, Any], task: T
             guided_by = current.model_id if current else None  # the model the round's rank_corr scores
             trained = retrain(store, row, task, current, round_results)
             current = trained.current
-            for strategy in strategies:
-                strategy.set_model(current.model)
+            searches.set_model(current)
             store.add_round(task_id, round_, done, best, trained.rank_corr, guided_by)
             round_, since_round, round_results = round_ + 1, 0, []
     return "cancelled" if cancelled else "done"
@@ -172,14 +190,13 @@ def _results(future: cf.Future[list[MeasureResult]], task: Task, indices: list[i
                               shard=shard, round=round_) for i in indices]
 
 
-def _propose(strategies: list[SearchStrategy], worker: int, n: int) -> tuple[int, list[int]]:
-    """(shard, indices) for `worker`: its own shard, else (work stealing) the first shard with
-    configs left. No indices when every shard is exhausted."""
-    for shard in [worker, *range(len(strategies))]:
-        indices = strategies[shard].propose(n)
+def _steal(searches: ShardSearches, n: int) -> tuple[int, list[int]]:
+    """(shard, indices) from the first shard with configs left; no indices when all are out."""
+    for shard in range(searches.count):
+        (indices,) = searches.propose([(shard, n)])
         if indices:
             return shard, indices
-    return worker, []
+    return 0, []
 
 
 def _best(best: float | None, results: list[MeasureResult]) -> float | None:

@@ -37,8 +37,10 @@ def ray_local() -> Iterator[None]:
 
 
 def test_two_worker_actors_share_a_job_exactly(pg_url: str, ray_local: None) -> None:
+    """Model-guided: the shards' searches run in Ray actors, and the model retrained after the
+    first round guides the later ones."""
     store = open_store(pg_url)
-    request = JobRequest.build(SMALL, "llvm", 22, workers=2, batch_size=4)
+    request = JobRequest.build(SMALL, "llvm", 22, workers=2, batch_size=4, search="xgb")
     job_id = request.submit(store)
     with Scheduler(store) as scheduler:
         assert store.claim_job(scheduler.id, job_id=job_id) == job_id
@@ -51,7 +53,53 @@ def test_two_worker_actors_share_a_job_exactly(pg_url: str, ray_local: None) -> 
     assert (trials["status"] == "ok").sum() >= 20
     assert store.job_status(job_id) == "done"
     (task,) = store.tasks(job_id)
-    assert store.rounds(task["id"])  # rounds recorded
+    rounds = store.rounds(task["id"])
+    assert len(rounds) == 3  # closed after 8, 16 and 22 trials
+    assert rounds[0]["model_id"] is None and rounds[1]["model_id"] is not None  # trained on the first round
+
+
+def test_shard_searches_in_ray_actors_plan_as_in_process_ones(ray_local: None) -> None:
+    """Each shard's SearchActor gets the model through the object store and proposes exactly what
+    the same search in this process proposes; its results reach it before its next proposal."""
+    import numpy as np
+    import ray
+
+    from farm.costmodel import CostModel, StoredModel
+    from farm.features import featurizer
+    from farm.measure import MeasureResult, Status
+    from farm.targets import parse_target
+    from farm.task import Task
+    from farm.workloads import make_workload
+    from scheduler.ray_pool import RaySearches, SearchActor
+    from scheduler.shards import LocalSearches
+
+    task = Task(make_workload("matmul", {"M": 64, "N": 64, "K": 512}), parse_target("llvm"))
+    feats = featurizer(task)
+    indices = np.random.default_rng(0).choice(task.space.size, 200, replace=False)
+    x = feats.features(feats.codes(indices))
+    model = StoredModel(CostModel().fit(x, feats.names, x[:, 0] / x[:, 0].max(), np.zeros(200, dtype=np.int64)), 42)
+    measured = indices[:50].tolist()
+    actors = [ray.remote(SearchActor).options(num_cpus=0).remote() for _ in range(2)]
+    try:
+        remote = RaySearches(actors, "xgb", task, 5, measured)
+        local = LocalSearches("xgb", task, 5, 2, measured)
+        for searches in (remote, local):
+            searches.set_model(model)
+        for _ in range(2):
+            wanted = [(0, 6), (1, 6), (0, 3)]
+            proposed = remote.propose(wanted)
+            assert proposed == local.propose(wanted)
+            assert not {i for batch in proposed for i in batch} & set(measured)
+            for shard, batch in ((0, proposed[0]), (1, proposed[1])):
+                results = [MeasureResult(i, {}, Status.OK, latencies=[1e-3]) for i in batch]
+                remote.observe(shard, results)
+                local.observe(shard, results)
+        info = remote.info()
+        assert [i["model_id"] for i in info] == [42, 42]
+        assert os.getpid() not in {i["pid"] for i in info}
+    finally:
+        for a in actors:
+            ray.kill(a)
 
 
 def test_a_job_cancelled_before_it_runs_measures_nothing(pg_url: str, ray_local: None) -> None:

@@ -1,0 +1,195 @@
+"""The farm's model-guided search against stock MetaSchedule at equal trial budgets, same device.
+
+    python bench/vs_metaschedule.py [--workload resnet-last-conv] [--target cuda] [--trials 128]
+                                    [--out DIR] [--json FILE]
+
+Two tuning runs of the same kernel, one after the other, each a process of its own and timed
+from its start to its exit (imports, servers and Ray included: what a user waits for):
+
+- farm: `python -m farm tune WORKLOAD --search xgb --trials N` on the embedded defaults (local
+  Ray, RPC tracker and server, SQLite), exporting its best config;
+- MetaSchedule: `ms.tune_tir` with its defaults (post-order-apply space, evolutionary search
+  with its XGBoost model, LocalBuilder, LocalRunner with its default evaluator), max_trials_global
+  = N, num_trials_per_iter = 64 (its default).
+
+Then both best kernels are rebuilt in this process (the farm's from its export with farm.build,
+MetaSchedule's from its database with compile_tir), checked against the NumPy reference, and
+timed with one time_evaluator setting, alternating, so the latencies compare like for like.
+Prints one line per method and the ratios, writes a tuning-curve plot (best latency each tool
+measured against trials) and, with --json, every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from farm.report import Curve, plot_curves
+from farm.targets import parse_target
+from farm.workloads import Workload, make_workload
+
+# Final timing of the two best kernels: TVM time_evaluator, `repeat` means of >= MIN_MS each.
+FINAL_NUMBER, FINAL_REPEAT, FINAL_MIN_MS = 20, 10, 100
+
+
+def run_metaschedule(workload: Workload, target: str, trials: int, work_dir: Path, seed: int) -> None:
+    """Child process: stock ms.tune_tir into `work_dir`; writes work_dir/tune.json (its seconds)."""
+    import tvm
+    from tvm import te
+    from tvm.s_tir import meta_schedule as ms
+
+    mod = tvm.IRModule({"main": te.create_prim_func(workload.build_te())})
+    start = time.perf_counter()
+    ms.tune_tir(mod, parse_target(target).tvm(), str(work_dir), max_trials_global=trials, seed=seed)
+    (work_dir / "tune.json").write_text(json.dumps({"tune_seconds": time.perf_counter() - start}))
+
+
+def timed(command: list[str], log: Path) -> float:
+    """Run `command` (output to `log`); its wall seconds. Exits with the log's tail on failure."""
+    start = time.perf_counter()
+    with log.open("wb") as out:
+        code = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT).returncode
+    seconds = time.perf_counter() - start
+    if code != 0:
+        sys.exit(f"{' '.join(command[:4])}... failed (exit {code}):\n{log.read_text()[-3000:]}")
+    return seconds
+
+
+def farm_curve(db: Path) -> tuple[np.ndarray, dict[str, Any]]:
+    """Best-so-far latency (µs) after each trial of the farm's job, and its status counts."""
+    from db.store import open_store
+    from farm.report import tuning_curves
+
+    store = open_store(f"sqlite:///{db}")
+    (job,) = store.jobs()
+    (curve,) = tuning_curves(store, [job["id"]])
+    statuses = store.trials(job_id=job["id"])["status"].value_counts().to_dict()
+    return curve.best_us, {k: int(v) for k, v in statuses.items()}
+
+
+def metaschedule_records(work_dir: Path) -> tuple[Any, np.ndarray, dict[str, int]]:
+    """MetaSchedule's database, best-so-far mean latency (µs) after each measured candidate in the
+    order they were committed, and counts of ok and failed candidates."""
+    from tvm.s_tir import meta_schedule as ms
+
+    database = ms.database.JSONDatabase(str(work_dir / "database_workload.json"),
+                                        str(work_dir / "database_tuning_record.json"), allow_missing=False)
+    latencies = []
+    for record in database.get_all_tuning_records():
+        secs = [float(s) for s in record.run_secs] if record.run_secs else []
+        latencies.append(statistics.mean(secs) * 1e6 if secs and max(secs) < 1e9 else np.inf)
+    lat = np.array(latencies)
+    best = np.minimum.accumulate(lat)
+    return database, np.where(np.isinf(best), np.nan, best), {"ok": int(np.isfinite(lat).sum()),
+                                                                "failed": int((~np.isfinite(lat)).sum())}
+
+
+def final_timing(workload: Workload, target: str, modules: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Check every module against the NumPy reference, then time them alternately; µs figures."""
+    import tvm
+
+    spec = parse_target(target)
+    if spec.kind == "cuda":
+        import tvm.support.nvcc  # registers the CUDA compile callback the runtime needs
+    dev = tvm.cuda(0) if spec.kind == "cuda" else tvm.cpu(0)
+    inputs = workload.random_inputs()
+    expected = workload.reference(inputs)
+    args = [tvm.runtime.tensor(x, dev) for x in inputs]
+    out = tvm.runtime.tensor(np.zeros(workload.output_shape(), workload.dtype), dev)
+    figures: dict[str, dict[str, Any]] = {}
+    timers = {}
+    for name, lib in modules.items():
+        lib["main"](*args, out)
+        error = float(np.linalg.norm(out.numpy() - expected) / max(np.linalg.norm(expected), 1e-30))
+        figures[name] = {"rel_l2_error": error, "correct": error <= workload.tolerance(), "runs_us": []}
+        timers[name] = lib.mod.time_evaluator("main", dev, number=FINAL_NUMBER, repeat=FINAL_REPEAT,
+                                          min_repeat_ms=FINAL_MIN_MS)
+    for _ in range(3):  # alternate, so drifting clocks or a busy neighbour hit both alike
+        for name, timer in timers.items():
+            figures[name]["runs_us"] += [r * 1e6 for r in timer(*args, out).results]
+    for f in figures.values():
+        f["median_us"] = statistics.median(f["runs_us"])
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workload", default="resnet-last-conv", help="workload or preset name")
+    parser.add_argument("--params", nargs="*", default=[], help="key=value workload parameters")
+    parser.add_argument("--target", default="cuda")
+    parser.add_argument("--trials", type=int, default=128)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=Path("/tmp/farm-vs-ms"))
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--run-metaschedule", type=Path, help=argparse.SUPPRESS)  # the child's work dir
+    args = parser.parse_args()
+    params = dict(p.split("=", 1) for p in args.params)
+    workload = make_workload(args.workload, params or None)
+    if args.run_metaschedule:
+        run_metaschedule(workload, args.target, args.trials, args.run_metaschedule, args.seed)
+        return
+    args.out.mkdir(parents=True, exist_ok=True)
+    ms_dir, db, export = args.out / "metaschedule", args.out / "farm.db", args.out / "farm-best.json"
+    ms_dir.mkdir(exist_ok=True)
+    for stale in [db, export, *ms_dir.glob("*.json")]:
+        stale.unlink(missing_ok=True)
+    here = [sys.executable, str(Path(__file__).resolve())]
+    print(f"{workload} on {args.target}, {args.trials} trials each", flush=True)
+    farm_s = timed([sys.executable, "-m", "farm", "tune", args.workload, *args.params, "--target", args.target,
+                    "--trials", str(args.trials), "--search", "xgb", "--seed", str(args.seed), "--db",
+                    f"sqlite:///{db}", "--export", str(export), "--log-dir", str(args.out / "farm-logs")],
+                   args.out / "farm.log")
+    print(f"farm tune: {farm_s:.0f} s", flush=True)
+    ms_s = timed([*here, "--workload", args.workload, "--params", *args.params, "--target", args.target,
+                  "--trials", str(args.trials), "--seed", str(args.seed), "--run-metaschedule", str(ms_dir)],
+                 args.out / "metaschedule.log")
+    print(f"ms.tune_tir: {ms_s:.0f} s", flush=True)
+
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    from farm.build import build
+
+    farm_best, farm_status = farm_curve(db)
+    database, ms_best, ms_status = metaschedule_records(ms_dir)
+    mod = tvm.IRModule({"main": tvm.te.create_prim_func(workload.build_te())})
+    target = parse_target(args.target)
+    ms_lib = tvm.compile(ms.tir_integration.compile_tir(database, mod, target.tvm()).mod, target=target.tvm())
+    final = final_timing(workload, args.target, {"farm": build(workload, target, export), "metaschedule": ms_lib})
+    ms_tune_s = json.loads((ms_dir / "tune.json").read_text())["tune_seconds"]
+    figures = {
+        "workload": str(workload), "target": args.target, "trials": args.trials, "seed": args.seed,
+        "final_timing": {"number": FINAL_NUMBER, "repeat": FINAL_REPEAT, "min_repeat_ms": FINAL_MIN_MS},
+        "farm": {"wall_s": farm_s, "trials": len(farm_best), "statuses": farm_status,
+                 "best_measured_us": float(np.nanmin(farm_best)), "curve_us": farm_best.tolist(), **final["farm"]},
+        "metaschedule": {"wall_s": ms_s, "tune_tir_s": ms_tune_s, "trials": len(ms_best), "statuses": ms_status,
+                         "best_measured_us": float(np.nanmin(ms_best)), "curve_us": ms_best.tolist(),
+                         **final["metaschedule"]},
+    }
+    for name in ("farm", "metaschedule"):
+        f = figures[name]
+        print(f"{name:>12}: {f['trials']} trials in {f['wall_s']:.0f} s; best {f['median_us']:.2f} µs re-timed "
+              f"({f['best_measured_us']:.2f} µs as measured while tuning), correct: {f['correct']}")
+    farm, other = figures["farm"], figures["metaschedule"]
+    figures["latency_ratio_ms_over_farm"] = other["median_us"] / farm["median_us"]
+    figures["wall_ratio_ms_over_farm"] = other["wall_s"] / farm["wall_s"]
+    print(f"MetaSchedule / farm: latency {figures['latency_ratio_ms_over_farm']:.2f}x, "
+          f"wall time {figures['wall_ratio_ms_over_farm']:.2f}x (above 1: the farm is faster)")
+    label = f"{workload} on {args.target}"
+    plot = plot_curves([Curve(f"farm xgb ({farm_s:.0f} s)", label, farm_best),
+                        Curve(f"MetaSchedule ({ms_s:.0f} s)", label, ms_best)], args.out / "curve.png")
+    print(f"tuning curves: {plot}")
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+"""Where a task's shard searches live, and how each new cost model reaches them.
+
+The tuning loop (scheduler.tuner) talks to one `ShardSearches` per task: one search strategy
+per shard (farm.search), asked for batches, told the results, and handed the cost model that
+is retrained when a round closes. Two implementations:
+
+- `LocalSearches`: the strategies are objects of the scheduler's process (unit tests,
+  benchmarks that need no cluster).
+- `scheduler.ray_pool.RaySearches`: one Ray actor per shard. A new model is put into the Ray
+  object store once and every shard's actor reads it from there; the shards plan their
+  batches in parallel, each in its own process, anywhere on the cluster.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Protocol
+
+from farm.costmodel import StoredModel
+from farm.measure import MeasureResult
+from farm.search import SearchStrategy, make_search
+from farm.task import Task
+
+
+class ShardSearches(Protocol):
+    """The searches of every shard of one task (see the module docstring)."""
+
+    @property
+    def count(self) -> int:
+        """How many shards."""
+
+    def propose(self, requests: Sequence[tuple[int, int]]) -> list[list[int]]:
+        """For each (shard, n): up to n new config indices of that shard (the SearchStrategy
+        contract: valid, never proposed or measured before; fewer only when the shard is out).
+        Requests to different shards may be planned in parallel."""
+
+    def observe(self, shard: int, results: list[MeasureResult]) -> None:
+        """Feed back a batch measured from `shard`; seen by that shard before its next proposal."""
+
+    def set_model(self, model: StoredModel | None) -> None:
+        """Hand every shard the model to guide its next proposals (None: no model)."""
+
+    def close(self) -> None:
+        """Release what the searches hold (processes, actors)."""
+
+
+class LocalSearches:
+    """Every shard's strategy as an object of this process."""
+
+    def __init__(self, search: str, task: Task, seed: int, shards: int, measured: Iterable[int] = ()) -> None:
+        """FarmError for an unknown search name. `measured`: configs no shard may propose."""
+        self.strategies: list[SearchStrategy] = [make_search(search, task, s, seed) for s in task.space.shards(shards)]
+        done = set(measured)
+        for strategy in self.strategies:
+            strategy.mark_measured(done)
+
+    @property
+    def count(self) -> int:
+        return len(self.strategies)
+
+    def propose(self, requests: Sequence[tuple[int, int]]) -> list[list[int]]:
+        return [self.strategies[shard].propose(n) for shard, n in requests]
+
+    def observe(self, shard: int, results: list[MeasureResult]) -> None:
+        self.strategies[shard].observe(results)
+
+    def set_model(self, model: StoredModel | None) -> None:
+        for strategy in self.strategies:
+            strategy.set_model(model.model if model else None)
+
+    def close(self) -> None:
+        self.strategies.clear()
