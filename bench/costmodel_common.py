@@ -1,4 +1,4 @@
-"""Shared by the bench/costmodel_*.py scripts: a local device that measures through the farm's
+"""Shared by the bench/ scripts of the cost model and the search: a local device that measures through the farm's
 Builder and RPC runner (memoised), and a tuning loop that retrains at every round close exactly
 as scheduler.tuner is to call scheduler.retrain.
 
@@ -9,14 +9,17 @@ then timed with the llvm evaluator settings). Building and measuring do not over
 once per process: a run that proposes it again gets the same result (the comparison between
 searches is then not blurred by re-measurement noise, and repeated seeds cost nothing). With a
 cache file the results are kept across scripts: bench/costmodel_features.py reads the random
-samples bench/costmodel_search.py measured.
+samples bench/costmodel_search.py measured. Also: running a `farm tune` process, timed, and
+reading its tuning curve back (bench/farm_search.py, bench/vs_metaschedule.py).
 """
 
 from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import tempfile
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -149,3 +152,38 @@ def trials_to(curve: np.ndarray, threshold: float) -> int | None:
     """1-based number of trials until the curve is at or below `threshold`; None if never."""
     hits = np.nonzero(curve <= threshold)[0]
     return int(hits[0]) + 1 if len(hits) else None
+
+
+def timed(command: list[str], log: Path) -> float:
+    """Run `command` (output to `log`); its wall seconds. Exits with the log's tail on failure."""
+    start = time.perf_counter()
+    with log.open("wb") as out:
+        code = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT).returncode
+    seconds = time.perf_counter() - start
+    if code != 0:
+        sys.exit(f"{' '.join(command[:4])}... failed (exit {code}):\n{log.read_text()[-3000:]}")
+    return seconds
+
+
+def farm_tune(workload: str, params: list[str], target: str, trials: int, search: str, seed: int, out: Path,
+              name: str) -> tuple[float, Path]:
+    """`python -m farm tune` on the embedded defaults into the new SQLite store OUT/NAME.db, exporting
+    OUT/NAME-best.json; (wall seconds of the whole process, the store's path)."""
+    db = out / f"{name}.db"
+    db.unlink(missing_ok=True)
+    seconds = timed([sys.executable, "-m", "farm", "tune", workload, *params, "--target", target, "--trials",
+                     str(trials), "--search", search, "--seed", str(seed), "--db", f"sqlite:///{db}", "--export",
+                     str(out / f"{name}-best.json"), "--log-dir", str(out / f"logs-{name}")], out / f"{name}.log")
+    return seconds, db
+
+
+def farm_curve(db: Path) -> tuple[np.ndarray, dict[str, int]]:
+    """Best-so-far latency (µs, NaN before the first correct trial) after each trial of the one job
+    in the store `db`, and its trials' status counts."""
+    from farm.report import tuning_curves
+
+    store = open_store(f"sqlite:///{db}")
+    (job,) = store.jobs()
+    (curve,) = tuning_curves(store, [job["id"]])
+    statuses = store.trials(job_id=job["id"])["status"].value_counts().to_dict()
+    return curve.best_us, {k: int(v) for k, v in statuses.items()}

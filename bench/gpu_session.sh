@@ -8,6 +8,9 @@
 #   vsms        farm xgb vs stock ms.tune_tir, MS_TRIALS each (bench/vs_metaschedule.py)
 #   search      xgb vs random search, trials to 95% of the best (bench/costmodel_search.py)
 #   zeroshot    farm predict on held-out conv2d shapes vs tuning them (bench/costmodel_zeroshot.py)
+#   fsearch     xgb (3 x 128 trials) vs random search (384) through `farm tune`, resnet-last-conv
+#               then matmul 1024^3 (2 x 96 vs 256) (bench/farm_search.py)
+#   retime      VSMS_DIR's two best kernels (an earlier vsms step) checked and timed again
 #   bash bench/gpu_session.sh OUTDIR [STEP ...]      (TRIALS=300, MS_TRIALS=128 by default)
 # OUTDIR/DONE appears when every step has ended (for a session run in the background and
 # collected by bench/gpu_collect.sh).
@@ -36,6 +39,11 @@ for s in $STEPS; do
              --random 128 --out "$OUT/search" --json "$OUT/search.json" ;;
     zeroshot) step zeroshot 1200 python3 bench/costmodel_zeroshot.py --target cuda --families conv2d \
              --out "$OUT/zeroshot" --json "$OUT/zeroshot.json" ;;
+    fsearch) step fsearch 1200 python3 bench/farm_search.py --workload resnet-last-conv --target cuda \
+               --seeds 3 --trials 128 --random-trials 384 --out "$OUT/fsearch" --json "$OUT/fsearch.json"
+             step fsearch-matmul 900 python3 bench/farm_search.py --workload matmul --params M=1024 N=1024 K=1024 --target cuda \
+               --seeds 2 --trials 96 --random-trials 256 --out "$OUT/fsearch-matmul" --json "$OUT/fsearch-matmul.json" ;;
+    retime) step retime 300 python3 bench/vs_metaschedule.py --target cuda --out "${VSMS_DIR:?}" --retime ;;
     *) echo "unknown step $s" >&2 ;;
   esac
 done

@@ -24,13 +24,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from costmodel_common import farm_curve, farm_tune, timed
 
 from farm.report import Curve, plot_curves
 from farm.targets import parse_target
@@ -50,29 +50,6 @@ def run_metaschedule(workload: Workload, target: str, trials: int, work_dir: Pat
     start = time.perf_counter()
     ms.tune_tir(mod, parse_target(target).tvm(), str(work_dir), max_trials_global=trials, seed=seed)
     (work_dir / "tune.json").write_text(json.dumps({"tune_seconds": time.perf_counter() - start}))
-
-
-def timed(command: list[str], log: Path) -> float:
-    """Run `command` (output to `log`); its wall seconds. Exits with the log's tail on failure."""
-    start = time.perf_counter()
-    with log.open("wb") as out:
-        code = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT).returncode
-    seconds = time.perf_counter() - start
-    if code != 0:
-        sys.exit(f"{' '.join(command[:4])}... failed (exit {code}):\n{log.read_text()[-3000:]}")
-    return seconds
-
-
-def farm_curve(db: Path) -> tuple[np.ndarray, dict[str, Any]]:
-    """Best-so-far latency (µs) after each trial of the farm's job, and its status counts."""
-    from db.store import open_store
-    from farm.report import tuning_curves
-
-    store = open_store(f"sqlite:///{db}")
-    (job,) = store.jobs()
-    (curve,) = tuning_curves(store, [job["id"]])
-    statuses = store.trials(job_id=job["id"])["status"].value_counts().to_dict()
-    return curve.best_us, {k: int(v) for k, v in statuses.items()}
 
 
 def metaschedule_records(work_dir: Path) -> tuple[Any, np.ndarray, dict[str, int]]:
@@ -107,6 +84,7 @@ def final_timing(workload: Workload, target: str, modules: dict[str, Any]) -> di
     figures: dict[str, dict[str, Any]] = {}
     timers = {}
     for name, lib in modules.items():
+        out.copyfrom(np.full(workload.output_shape(), np.nan, workload.dtype))  # a kernel that writes nothing fails
         lib["main"](*args, out)
         error = float(np.linalg.norm(out.numpy() - expected) / max(np.linalg.norm(expected), 1e-30))
         figures[name] = {"rel_l2_error": error, "correct": error <= workload.tolerance(), "runs_us": []}
@@ -120,6 +98,21 @@ def final_timing(workload: Workload, target: str, modules: dict[str, Any]) -> di
     return figures
 
 
+def retime(workload: Workload, target: str, export: Path, ms_dir: Path) -> dict[str, dict[str, Any]]:
+    """The farm's best kernel (from its export) and MetaSchedule's (from its database), rebuilt,
+    checked and timed by `final_timing`."""
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    from farm.build import build
+
+    database, _, _ = metaschedule_records(ms_dir)
+    spec = parse_target(target)
+    mod = tvm.IRModule({"main": tvm.te.create_prim_func(workload.build_te())})
+    ms_lib = tvm.compile(ms.tir_integration.compile_tir(database, mod, spec.tvm()).mod, target=spec.tvm())
+    return final_timing(workload, target, {"farm": build(workload, spec, export), "metaschedule": ms_lib})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workload", default="resnet-last-conv", help="workload or preset name")
@@ -129,6 +122,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("/tmp/farm-vs-ms"))
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--retime", action="store_true",
+                        help="only check and time again the two best kernels of an earlier run in --out")
     parser.add_argument("--run-metaschedule", type=Path, help=argparse.SUPPRESS)  # the child's work dir
     args = parser.parse_args()
     params = dict(p.split("=", 1) for p in args.params)
@@ -137,33 +132,26 @@ def main() -> None:
         run_metaschedule(workload, args.target, args.trials, args.run_metaschedule, args.seed)
         return
     args.out.mkdir(parents=True, exist_ok=True)
-    ms_dir, db, export = args.out / "metaschedule", args.out / "farm.db", args.out / "farm-best.json"
+    ms_dir, export = args.out / "metaschedule", args.out / "farm-best.json"
+    if args.retime:  # the kernels of an earlier run of this script in OUT, checked and timed again
+        for name, f in retime(workload, args.target, export, ms_dir).items():
+            print(f"{name:>12}: {f['median_us']:.2f} µs, relative L2 error {f['rel_l2_error']:.2e}, "
+                  f"correct: {f['correct']}")
+        return
     ms_dir.mkdir(exist_ok=True)
-    for stale in [db, export, *ms_dir.glob("*.json")]:
+    for stale in [export, *ms_dir.glob("*.json")]:
         stale.unlink(missing_ok=True)
-    here = [sys.executable, str(Path(__file__).resolve())]
     print(f"{workload} on {args.target}, {args.trials} trials each", flush=True)
-    farm_s = timed([sys.executable, "-m", "farm", "tune", args.workload, *args.params, "--target", args.target,
-                    "--trials", str(args.trials), "--search", "xgb", "--seed", str(args.seed), "--db",
-                    f"sqlite:///{db}", "--export", str(export), "--log-dir", str(args.out / "farm-logs")],
-                   args.out / "farm.log")
+    farm_s, db = farm_tune(args.workload, args.params, args.target, args.trials, "xgb", args.seed, args.out, "farm")
     print(f"farm tune: {farm_s:.0f} s", flush=True)
-    ms_s = timed([*here, "--workload", args.workload, "--params", *args.params, "--target", args.target,
-                  "--trials", str(args.trials), "--seed", str(args.seed), "--run-metaschedule", str(ms_dir)],
-                 args.out / "metaschedule.log")
+    ms_s = timed([sys.executable, str(Path(__file__).resolve()), "--workload", args.workload, "--params",
+                  *args.params, "--target", args.target, "--trials", str(args.trials), "--seed", str(args.seed),
+                  "--run-metaschedule", str(ms_dir)], args.out / "metaschedule.log")
     print(f"ms.tune_tir: {ms_s:.0f} s", flush=True)
 
-    import tvm
-    from tvm.s_tir import meta_schedule as ms
-
-    from farm.build import build
-
     farm_best, farm_status = farm_curve(db)
-    database, ms_best, ms_status = metaschedule_records(ms_dir)
-    mod = tvm.IRModule({"main": tvm.te.create_prim_func(workload.build_te())})
-    target = parse_target(args.target)
-    ms_lib = tvm.compile(ms.tir_integration.compile_tir(database, mod, target.tvm()).mod, target=target.tvm())
-    final = final_timing(workload, args.target, {"farm": build(workload, target, export), "metaschedule": ms_lib})
+    _, ms_best, ms_status = metaschedule_records(ms_dir)
+    final = retime(workload, args.target, export, ms_dir)
     ms_tune_s = json.loads((ms_dir / "tune.json").read_text())["tune_seconds"]
     figures = {
         "workload": str(workload), "target": args.target, "trials": args.trials, "seed": args.seed,
