@@ -54,15 +54,20 @@ def run_metaschedule(workload: Workload, target: str, trials: int, work_dir: Pat
 
 def metaschedule_records(work_dir: Path) -> tuple[Any, np.ndarray, dict[str, int]]:
     """MetaSchedule's database, best-so-far mean latency (µs) after each measured candidate in the
-    order they were committed, and counts of ok and failed candidates."""
+    order they were committed, and counts of ok and failed candidates.
+
+    The order comes from the records file itself (one JSON line per candidate, appended as
+    measured): the database's get_all_tuning_records returns them sorted by latency."""
     from tvm.s_tir import meta_schedule as ms
 
-    database = ms.database.JSONDatabase(str(work_dir / "database_workload.json"),
-                                        str(work_dir / "database_tuning_record.json"), allow_missing=False)
+    records = work_dir / "database_tuning_record.json"
+    database = ms.database.JSONDatabase(str(work_dir / "database_workload.json"), str(records),
+                                        allow_missing=False)
     latencies = []
-    for record in database.get_all_tuning_records():
-        secs = [float(s) for s in record.run_secs] if record.run_secs else []
-        latencies.append(statistics.mean(secs) * 1e6 if secs and max(secs) < 1e9 else np.inf)
+    for line in records.read_text().splitlines():
+        run_secs = json.loads(line)[1][1]  # [workload index, [trace, run_secs, target, args]]
+        ok = bool(run_secs) and max(run_secs) < 1e9  # MetaSchedule records a failure as 1e10 s
+        latencies.append(statistics.mean(run_secs) * 1e6 if ok else np.inf)
     lat = np.array(latencies)
     best = np.minimum.accumulate(lat)
     return database, np.where(np.isinf(best), np.nan, best), {"ok": int(np.isfinite(lat).sum()),

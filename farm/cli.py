@@ -90,8 +90,8 @@ def tune(
     db: DbOption = None,
     workers: Annotated[int | None, typer.Option(
         min=1, help="Devices to measure on (default: every GPU for cuda, 1 for llvm).")] = None,
-    search: Annotated[str, typer.Option(help="Search strategy: xgb (the cost model guides simulated annealing), "
-                                        "random or grid.")] = "random",
+    search: Annotated[str, typer.Option(help="Search strategy: xgb (the cost model guides simulated annealing; "
+                                        "random search until it has trained on a round), random or grid.")] = "xgb",
     export: Annotated[Path | None, typer.Option(help="Write the best config (farm.best/1 JSON) here.")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the search.")] = 0,
     batch_size: Annotated[int, typer.Option(min=1, help="Candidates per worker per round.")] = 16,
@@ -142,7 +142,7 @@ def submit(
     trials: Annotated[int, typer.Option(min=1, help="Measurements in all, spread over the workloads.")] = 64,
     db: DbOption = None,
     workers: Annotated[int, typer.Option(min=1, help="Devices (worker actors) to measure on.")] = 1,
-    search: Annotated[str, typer.Option(help="Search strategy (see farm tune --help).")] = "random",
+    search: Annotated[str, typer.Option(help="Search strategy (see farm tune --help).")] = "xgb",
     seed: Annotated[int, typer.Option(help="Seed of the search.")] = 0,
     rpc_key: Annotated[list[str] | None, typer.Option(
         help="Measure on a device that runs only a TVM RPC server registered under this key "

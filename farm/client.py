@@ -106,7 +106,7 @@ class Client:
         self._scheduler: Any = None
 
     def submit(self, workloads: Sequence[str | Workload | tuple[str, dict[str, Any]]], target: str | dict[str, Any]
-               = "llvm", trials: int = 64, *, search: str = "random", workers: int = 1, seed: int = 0,
+               = "llvm", trials: int = 64, *, search: str = "xgb", workers: int = 1, seed: int = 0,
                batch_size: int = 16, rpc_keys: Sequence[str] = (), name: str = "") -> Job:
         """Queue a job tuning `workloads` (names, presets, Workloads or (name, params)) for
         `target` with `trials` measurements in all. Raises FarmError for bad input, having

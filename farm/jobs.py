@@ -29,7 +29,7 @@ class JobRequest:
     workloads: list[Workload]
     target: TargetSpec
     trials: int
-    search: str = "random"
+    search: str = "xgb"
     workers: int = 1
     seed: int = 0
     batch_size: int = 16
@@ -38,7 +38,7 @@ class JobRequest:
 
     @classmethod
     def build(cls, workloads: Sequence[str | Workload | tuple[str, dict[str, Any]]], target: str | dict[str, Any],
-              trials: int, *, search: str = "random", workers: int = 1, seed: int = 0, batch_size: int = 16,
+              trials: int, *, search: str = "xgb", workers: int = 1, seed: int = 0, batch_size: int = 16,
               rpc_keys: Sequence[str] = (), name: str = "") -> JobRequest:
         """Validate everything (raises FarmError with one clear line) and return the request.
 

@@ -9,6 +9,7 @@ with what the round measured (recorded by scheduler.retrain).
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -87,9 +88,10 @@ def plot_curves(curves: list[Curve], output: str | Path) -> Path:
     for ax, workload in zip(axes[:, 0], workloads, strict=True):
         for c in (c for c in curves if c.workload == workload):
             ax.step(c.trials, c.best_us, where="post", label=c.label)
-        ax.set_title(workload, fontsize=9)
+        ax.set_title(textwrap.fill(workload, 80), fontsize=9)
         ax.set_xlabel("trials")
-        ax.set_ylabel("best latency (µs)")
+        ax.set_ylabel("best latency (µs, log scale)")
+        ax.set_yscale("log")  # the first trials are often 10-100x slower than the best
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()

@@ -72,7 +72,7 @@ class Scheduler:
         beat.start()
         try:
             pool = self.pool_for(spec)
-            status = run_job(self.store, job_id, pool, search=spec.get("search", "random"),
+            status = run_job(self.store, job_id, pool, search=spec.get("search", "xgb"),
                              seed=int(spec.get("seed", 0)), batch_size=int(spec.get("batch_size", 16)),
                              on_progress=on_progress)
         except KeyboardInterrupt:

@@ -61,7 +61,7 @@ def run_job(
     job_id: int,
     pool: WorkerPool,
     *,
-    search: str = "random",
+    search: str = "xgb",
     seed: int = 0,
     batch_size: int = 16,
     on_progress: Callable[[Progress], None] | None = None,
