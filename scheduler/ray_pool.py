@@ -22,6 +22,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from farm.costmodel import CostModel, StoredModel
+from farm.errors import one_line
 from farm.measure import MeasureResult
 from farm.search import SearchStrategy, make_search
 from farm.task import Task
@@ -74,10 +75,23 @@ class RayWorkerPool:
         """One search per worker's shard of `task`, in this pool's search actors (see RaySearches)."""
         import ray
 
+        measured = list(measured)
+        try:
+            return RaySearches(self._search_actors_or_new(), search, task, seed, measured)
+        except ray.exceptions.RayActorError as e:  # one died since the last task: start them afresh
+            log.warning("a search actor died (%s); starting new ones", one_line(e))
+            for a in self._search_actors:
+                ray.kill(a)
+            self._search_actors = []
+            return RaySearches(self._search_actors_or_new(), search, task, seed, measured)
+
+    def _search_actors_or_new(self) -> list[Any]:
+        import ray
+
         if not self._search_actors:
             remote = ray.remote(SearchActor).options(num_cpus=0)
             self._search_actors = [remote.remote() for _ in self.actors]
-        return RaySearches(self._search_actors, search, task, seed, measured)
+        return self._search_actors
 
     def close(self) -> None:
         import ray

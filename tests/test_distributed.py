@@ -45,6 +45,16 @@ def test_two_worker_actors_share_a_job_exactly(pg_url: str, ray_local: None) -> 
     with Scheduler(store) as scheduler:
         assert store.claim_job(scheduler.id, job_id=job_id) == job_id
         assert scheduler.run_job(job_id) == "done"
+        # A search actor that died between jobs is replaced: the pool's next job runs.
+        import ray
+
+        (pool,) = scheduler._pools.values()
+        ray.kill(pool._search_actors[0])
+        again = JobRequest.build([("matmul", {"M": 32, "N": 48, "K": 48})], "llvm", 8, workers=2, batch_size=4,
+                                 search="xgb").submit(store)
+        store.claim_job(scheduler.id, job_id=again)
+        assert scheduler.run_job(again) == "done"
+        assert len(store.trials(job_id=again)) == 8
     trials = store.trials(job_id=job_id)
     assert len(trials) == 22  # the budget, exactly
     assert trials["config_index"].is_unique  # no config measured twice
