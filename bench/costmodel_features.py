@@ -3,7 +3,7 @@ footprints, shape), and those plus MetaSchedule's PerStoreFeature of the schedul
 the ranking objective against plain regression. Rank correlation on held-out measurements and
 featurizing time per config.
 
-    python bench/costmodel_features.py [--out /tmp/farm-bench-costmodel] [--splits 10]
+    python bench/costmodel_features.py [--out /tmp/farm-bench-costmodel] [--splits 10] [--target llvm]
 
 Reads the uniform random samples bench/costmodel_search.py measured (OUT/measured.json; run it
 first): no measuring here. For each workload and training size n, `--splits` random splits of
@@ -32,7 +32,7 @@ import farm.costmodel as cm
 from farm.costmodel import CostModel, relative_throughput, spearman
 from farm.features import featurizer
 from farm.search import RandomSearch
-from farm.targets import parse_target
+from farm.targets import TargetSpec, parse_target
 from farm.task import Task
 from farm.workloads import make_workload
 
@@ -85,21 +85,26 @@ def main() -> None:
     parser.add_argument("--random", type=int, default=256, help="the search benchmark's --random")
     parser.add_argument("--splits", type=int, default=10)
     parser.add_argument("--zeroshot-out", type=Path, help="--out of bench/costmodel_zeroshot.py, for transfer")
+    parser.add_argument("--target", default="llvm", choices=["llvm", "cuda"], help="the target the runs measured")
     args = parser.parse_args()
     print(f"machine: {machine()}")
-    within_shape(load_cache(args.out / "measured.json"), args.random, args.splits)
+    target = parse_target(args.target)
+    within_shape(load_cache(args.out / "measured.json"), args.random, args.splits, target)
     if args.zeroshot_out is not None:
-        across_shapes(load_cache(args.zeroshot_out / "measured.json"))
+        across_shapes(load_cache(args.zeroshot_out / "measured.json"), target)
 
 
-def across_shapes(cache: dict[tuple[str, int], Any]) -> None:
-    """Spearman on each held-out shape of a model fitted on the family's training shapes."""
-    llvm = parse_target("llvm")
+def across_shapes(cache: dict[tuple[str, int], Any], target: TargetSpec) -> None:
+    """Spearman on each held-out shape of a model fitted on the family's training shapes (families
+    the run did not measure are skipped)."""
+    measured = {k for k, _ in cache}
     for family, (train_shapes, held_out) in FAMILIES.items():
+        if not all(wl.key in measured for wl in [*train_shapes, *held_out]):
+            continue
         for label, keep in (("knob values only", lambda n: n.startswith("knob.")), ("farm features", lambda n: True)):
             blocks, names = [], None
             for wl in train_shapes:
-                task = Task(wl, llvm)
+                task = Task(wl, target)
                 feats = featurizer(task)
                 results = [r for (k, _), r in cache.items() if k == wl.key]
                 latency = np.array([r.latency if r.latency is not None else np.nan for r in results])
@@ -112,7 +117,7 @@ def across_shapes(cache: dict[tuple[str, int], Any]) -> None:
                                     groups)
             cells = []
             for wl in held_out:
-                feats = featurizer(Task(wl, llvm))
+                feats = featurizer(Task(wl, target))
                 results = [r for (k, _), r in cache.items() if k == wl.key]
                 latency = np.array([r.latency if r.latency is not None else np.nan for r in results])
                 scores = model.predict(feats.features(feats.codes([r.config_index for r in results])), feats.names)
@@ -121,10 +126,10 @@ def across_shapes(cache: dict[tuple[str, int], Any]) -> None:
             print(f"transfer, {family}, {label:16s} " + "; ".join(cells), flush=True)
 
 
-def within_shape(cache: dict[tuple[str, int], Any], size: int, splits: int) -> None:
+def within_shape(cache: dict[tuple[str, int], Any], size: int, splits: int, target: TargetSpec) -> None:
     """Rank correlation and regret of feature sets and objectives within each workload's sample."""
     for name, (preset, params) in WORKLOADS.items():
-        task = Task(make_workload(preset, params), parse_target("llvm"))
+        task = Task(make_workload(preset, params), target)
         sample = RandomSearch(task, task.space.shards(1)[0], seed=1000).propose(size)
         results = [cache[(task.workload.key, i)] for i in sample if (task.workload.key, i) in cache]
         if len(results) < len(sample):
@@ -149,7 +154,7 @@ def within_shape(cache: dict[tuple[str, int], Any], size: int, splits: int) -> N
               f"(schedule + extract) + {setup:.1f} s once")
         for label, (x, names, objective) in sets.items():
             cells: list[Any] = []
-            for n in (32, 64, 128):
+            for n in (n for n in (32, 64, 128) if n <= size - 32):  # leave at least 32 to rank
                 rho, regret = evaluate(x, names, latency, n, splits, objective)
                 cells.append(f"n={n}: rho {rho:.2f}, top-8 regret {regret:.2f}")
             print(f"  {label:34s} " + "; ".join(cells), flush=True)
