@@ -1,6 +1,6 @@
-"""Shared by the bench/ scripts of the cost model and the search: a local device that measures through the farm's
-Builder and RPC runner (memoised), and a tuning loop that retrains at every round close exactly
-as scheduler.tuner is to call scheduler.retrain.
+"""Shared by the bench/ scripts of the cost model and the search: a local device that measures
+through the farm's Builder and RPC runner (memoised), and a tuning loop that retrains at every
+round close exactly as scheduler.tuner is to call scheduler.retrain.
 
 Measuring: a batch is first built (farm Builder, one process per core), then measured over a
 kept-open RPC session on a local farm RPC server (farm RPCRunner: output checked against NumPy,

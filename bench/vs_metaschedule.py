@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 from costmodel_common import farm_curve, farm_tune, timed
 
-from farm.report import Curve, plot_curves
+from farm.report import Curve, best_so_far, plot_curves
 from farm.targets import parse_target
 from farm.workloads import Workload, make_workload
 
@@ -69,9 +69,7 @@ def metaschedule_records(work_dir: Path) -> tuple[Any, np.ndarray, dict[str, int
         ok = bool(run_secs) and max(run_secs) < 1e9  # MetaSchedule records a failure as 1e10 s
         latencies.append(statistics.mean(run_secs) * 1e6 if ok else np.inf)
     lat = np.array(latencies)
-    best = np.minimum.accumulate(lat)
-    return database, np.where(np.isinf(best), np.nan, best), {"ok": int(np.isfinite(lat).sum()),
-                                                                "failed": int((~np.isfinite(lat)).sum())}
+    return database, best_so_far(lat), {"ok": int(np.isfinite(lat).sum()), "failed": int((~np.isfinite(lat)).sum())}
 
 
 def final_timing(workload: Workload, target: str, modules: dict[str, Any]) -> dict[str, dict[str, Any]]:

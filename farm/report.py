@@ -32,6 +32,13 @@ class Curve:
         return np.arange(1, len(self.best_us) + 1)
 
 
+def best_so_far(latency: np.ndarray) -> np.ndarray:
+    """The best latency after each trial of `latency` (failed trials NaN or inf); NaN until the
+    first correct trial."""
+    best = np.minimum.accumulate(np.where(np.isnan(latency), np.inf, latency))
+    return np.where(np.isinf(best), np.nan, best)
+
+
 def _job(store: Any, job_id: int) -> dict[str, Any]:
     job = store.job(job_id)
     if job is None:
@@ -55,11 +62,11 @@ def tuning_curves(store: Any, job_ids: list[int]) -> list[Curve]:
         trials = store.trials(job_id=job_id)
         for task in job["tasks"]:
             latency = trials.loc[trials["task_id"] == task["id"], "latency"].to_numpy(dtype=np.float64)
-            best = np.fmin.accumulate(np.where(np.isnan(latency), np.inf, latency)) * 1e6
+            best = best_so_far(latency * 1e6)
             label = f"job {job_id} ({job['search']})"
             if len(job["tasks"]) > 1:
                 label += f" task {task['id']}"
-            curves.append(Curve(label, _workload(task), np.where(np.isinf(best), np.nan, best)))
+            curves.append(Curve(label, _workload(task), best))
     return curves
 
 

@@ -26,6 +26,7 @@ from farm.errors import one_line
 from farm.measure import MeasureResult
 from farm.search import SearchStrategy, make_search
 from farm.task import Task
+from scheduler.shards import shard_search
 from scheduler.tuner import QUEUE_DEPTH
 from workers.actor import WorkerActor
 
@@ -116,8 +117,7 @@ class SearchActor:
     def start(self, search: str, task_json: str, seed: int, shard: int, shards: int, measured: list[int]) -> None:
         """Search shard `shard` of `shards` of the task from now on, skipping `measured`."""
         task = Task.from_json(json.loads(task_json))
-        self.strategy = make_search(search, task, task.space.shards(shards)[shard], seed)
-        self.strategy.mark_measured(measured)
+        self.strategy = shard_search(search, task, seed, task.space.shards(shards)[shard], measured)
         self.model_id = None
 
     def propose(self, n: int) -> list[int]:

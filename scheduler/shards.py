@@ -19,6 +19,7 @@ from typing import Protocol
 from farm.costmodel import StoredModel
 from farm.measure import MeasureResult
 from farm.search import SearchStrategy, make_search
+from farm.space import Shard
 from farm.task import Task
 
 
@@ -44,15 +45,20 @@ class ShardSearches(Protocol):
         """Release what the searches hold (processes, actors)."""
 
 
+def shard_search(search: str, task: Task, seed: int, shard: Shard, measured: Iterable[int]) -> SearchStrategy:
+    """The strategy `search` for one shard, told which configs are measured already."""
+    strategy = make_search(search, task, shard, seed)
+    strategy.mark_measured(measured)
+    return strategy
+
+
 class LocalSearches:
     """Every shard's strategy as an object of this process."""
 
     def __init__(self, search: str, task: Task, seed: int, shards: int, measured: Iterable[int] = ()) -> None:
         """FarmError for an unknown search name. `measured`: configs no shard may propose."""
-        self.strategies: list[SearchStrategy] = [make_search(search, task, s, seed) for s in task.space.shards(shards)]
         done = set(measured)
-        for strategy in self.strategies:
-            strategy.mark_measured(done)
+        self.strategies = [shard_search(search, task, seed, s, done) for s in task.space.shards(shards)]
 
     @property
     def count(self) -> int:
