@@ -1,39 +1,46 @@
-"""Shared by the bench/ scripts of the cost model and the search: a local device that measures
-through the farm's Builder and RPC runner (memoised), and a tuning loop that retrains at every
-round close exactly as scheduler.tuner is to call scheduler.retrain.
+"""Shared by the bench/ scripts of the cost model and the search: a memoising local device, and
+tuning jobs run through the farm's own lifecycle and loop (farm.Client in process, with the
+scheduler's tuning loop on an in-process worker pool whose one worker is that device).
 
-Measuring: a batch is first built (farm Builder, one process per core), then measured over a
-kept-open RPC session on a local farm RPC server (farm RPCRunner: output checked against NumPy,
-then timed with the llvm evaluator settings). Building and measuring do not overlap, so on a
-2-core machine no compile runs while a kernel is timed. Each config of a workload is measured
-once per process: a run that proposes it again gets the same result (the comparison between
-searches is then not blurred by re-measurement noise, and repeated seeds cost nothing). With a
-cache file the results are kept across scripts: bench/costmodel_features.py reads the random
-samples bench/costmodel_search.py measured. Also: running a `farm tune` process, timed, and
-reading its tuning curve back (bench/farm_search.py, bench/vs_metaschedule.py).
+Measuring: the device is the farm's (workers.device.LocalDevice: its Builder and RPC runner on a
+local farm RPC server; outputs checked against NumPy, timed with the target's evaluator
+settings). Each config of a workload is measured once per process: a run that proposes it again
+gets the same result (the comparison between searches is then not blurred by re-measurement
+noise, and repeated seeds cost nothing). With a cache file the results are kept across scripts:
+bench/costmodel_features.py reads the random samples bench/costmodel_search.py measured. Also:
+running a `farm tune` process, timed, and reading its tuning curve back (bench/farm_search.py,
+bench/vs_metaschedule.py).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from db.store import open_store
-from farm.jobs import JobRequest
-from farm.measure import MeasureResult
-from farm.search import make_search
-from farm.task import Task
-from farm.workloads import Workload
-from scheduler.retrain import retrain, starting_model
-from workers.device import cpu_model
+from db.store import ResultStore, open_store
+from farm.client import Client
+from farm.core.measure import MeasureResult, Status
+from farm.core.task import Task
+from farm.core.workloads import Workload
+from scheduler.local_pool import LocalWorkerPool
+from workers.device import LocalDevice, cpu_model
+
+
+def add_workload_arguments(parser: argparse.ArgumentParser, target: str = "cuda") -> None:
+    """The options every farm-run benchmark takes: --workload, --params, --target."""
+    parser.add_argument("--workload", default="resnet-last-conv", help="workload or preset name")
+    parser.add_argument("--params", nargs="*", default=[], help="key=value workload parameters")
+    parser.add_argument("--target", default=target)
 
 
 def machine() -> str:
@@ -42,56 +49,50 @@ def machine() -> str:
     return f"{cpu_model()}, {cores} cores"
 
 
-class LocalDevice:
-    """This machine's CPU (llvm) or first GPU (cuda) as one farm device (see the module
-    docstring). Use with ``with``."""
+class MemoDevice:
+    """This machine's CPU (llvm) or first GPU (cuda) as one farm device whose measurements are
+    memoised (see the module docstring). Use with ``with``; it serves any number of jobs."""
 
     def __init__(self, log_dir: Path | None = None, cache_file: Path | None = None, kind: str = "llvm") -> None:
-        from deploy.local_cluster import LocalTracker
-        from workers.builder import Builder
-
-        self.log_dir = log_dir or Path(tempfile.mkdtemp(prefix="farm-bench-"))
-        self.builder = Builder()
-        self.tracker = LocalTracker(log=self.log_dir / "tracker.log")
         self.kind = kind
+        self.device = LocalDevice(kind, "bench", gpu="0", log_dir=log_dir or Path(tempfile.mkdtemp(prefix="farm-")))
         self.cache_file = cache_file
         self.cache = load_cache(cache_file) if cache_file is not None and cache_file.exists() else {}
         self.measured = 0  # configs actually built and measured by this process
+        self._lock = threading.Lock()  # the loop runs two batches at once: one writer of the cache file
 
-    def __enter__(self) -> LocalDevice:
-        from workers.device import ServerProcess, wait_for_keys
-        from workers.runner import RPCRunner
-
-        self.tracker.start()
-        key = f"bench-{self.kind}"
-        self.server = ServerProcess(self.tracker.address, key, self.kind, "0" if self.kind == "cuda" else None,
-                                    log=self.log_dir / "server.log")
-        wait_for_keys(self.tracker.address, [key], 120, [self.server.proc])
-        self.runner = RPCRunner(self.tracker.address, key, self.kind, timeout=60, on_hang=self.server.kill_sessions)
+    def __enter__(self) -> MemoDevice:
+        self.device.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.runner.close()
-        self.server.stop()
-        self.tracker.stop()
-        self.builder.close()
+        self.device.close()
 
     def measure(self, task: Task, indices: list[int], round_: int = 0) -> list[MeasureResult]:
         """One result per index, in order; configs measured before in this process are not re-run."""
         key = task.workload.key
         new = [i for i in dict.fromkeys(indices) if (key, i) not in self.cache]
         if new:
-            for r in self.runner.measure(task, self.builder.build(task, new)):
+            measured = self.device.process(task, new)
+        with self._lock:
+            for r in measured if new else []:
                 self.cache[(key, r.config_index)] = r
             self.measured += len(new)
-            if self.cache_file is not None:
+            if new and self.cache_file is not None:
                 doc = [{"workload_key": k, **r.to_json()} for (k, _), r in self.cache.items()]
                 self.cache_file.write_text(json.dumps(doc))
         return [replace(self.cache[(key, i)], round=round_) for i in indices]
 
+    def process(self, task: Task, indices: list[int], shard: int = 0, round_: int = 0) -> list[MeasureResult]:
+        """The worker contract (scheduler.local_pool.BatchWorker), memoised."""
+        return [replace(r, shard=shard) for r in self.measure(task, indices, round_)]
+
+    def close(self) -> None:
+        """Nothing: the device outlives the pools of the jobs it serves (``with`` closes it)."""
+
 
 def load_cache(path: Path) -> dict[tuple[str, int], MeasureResult]:
-    """Results a LocalDevice kept in `path`, by (workload key, config index)."""
+    """Results a MemoDevice kept in `path`, by (workload key, config index)."""
     out = {}
     for doc in json.loads(path.read_text()):
         key = doc.pop("workload_key")
@@ -99,43 +100,25 @@ def load_cache(path: Path) -> dict[tuple[str, int], MeasureResult]:
     return out
 
 
-def tune(device: LocalDevice, store: Any, workload: Workload, search: str, seed: int, budget: int,
+def tune(device: MemoDevice, store: ResultStore, workload: Workload, search: str, seed: int, budget: int,
          batch: int) -> list[MeasureResult]:
-    """One tuning job of `workload` on the device in `store`, in rounds of `batch` trials, as the farm's
-    scheduler runs it with one worker: propose, measure, write, observe; at each round close
-    flush, retrain (scheduler.retrain), record the round, hand the new model to the search. A
-    family model already in `store` guides the first round (transfer). Returns the results in
-    trial order."""
-    job = JobRequest.build([workload], device.kind, budget, search=search, seed=seed, batch_size=batch).submit(store)
-    row = store.tasks(job)[0]
-    task = Task.from_json(row)
-    strategy = make_search(search, task, task.space.shards(1)[0], seed)
-    current = starting_model(store, row)
-    if current is not None:
-        strategy.set_model(current.model)
-    results: list[MeasureResult] = []
-    with store.writer() as writer:
-        for round_ in range(-(-budget // batch)):
-            indices = strategy.propose(min(batch, budget - len(results)))
-            if not indices:
-                break
-            measured = device.measure(task, indices, round_)
-            for r in measured:
-                writer.add(row["id"], r)
-            strategy.observe(measured)
-            results += measured
-            writer.flush()
-            out = retrain(store, row, task, current, measured)
-            best = min((r.latency for r in results if r.latency is not None), default=None)
-            store.add_round(row["id"], round_, len(results), best, out.rank_corr,
-                            current.model_id if current else None)
-            current = out.current
-            strategy.set_model(current.model)
-    store.finish_job(job, "done")
-    return results
+    """One tuning job of `workload` on the device in `store` (its URL reopened by the client), run as
+    `farm tune` runs it with one worker: the farm's job lifecycle and tuning loop, rounds of `batch`
+    trials, the cost model retrained at every round close. A family model already in `store` guides
+    the first round (transfer). Returns the results in trial order."""
+
+    def one_device_pool(kind: str, count: int, keys: Sequence[str]) -> LocalWorkerPool:
+        return LocalWorkerPool([device])
+
+    with Client(store.url, in_process=True, pool_factory=one_device_pool) as client:
+        job = client.submit([workload], device.kind, budget, search=search, seed=seed, batch_size=batch)
+        job.wait(progress=False)
+        frame = job.trials()  # in trial order
+    return [MeasureResult(int(r.config_index), r.config, Status(r.status), r.error, list(r.latencies))
+            for r in frame.itertuples()]
 
 
-def fresh_store(folder: Path, name: str) -> Any:
+def fresh_store(folder: Path, name: str) -> ResultStore:
     """A new SQLite store `folder/name.db` (an existing one is replaced)."""
     path = folder / f"{name}.db"
     path.unlink(missing_ok=True)

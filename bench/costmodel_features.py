@@ -28,13 +28,13 @@ from costmodel_common import load_cache, machine
 from costmodel_search import WORKLOADS
 from costmodel_zeroshot import FAMILIES
 
-import farm.costmodel as cm
-from farm.costmodel import CostModel, relative_throughput, spearman
-from farm.features import featurizer
-from farm.search import RandomSearch
-from farm.targets import TargetSpec, parse_target
-from farm.task import Task
-from farm.workloads import make_workload
+import farm.core.costmodel as cm
+from farm.core.costmodel import CostModel, relative_throughput, spearman
+from farm.core.features import featurizer
+from farm.core.search import RandomSearch
+from farm.core.targets import TargetSpec, parse_target
+from farm.core.task import Task
+from farm.core.workloads import make_workload
 
 
 def per_store_features(task: Task, indices: list[int]) -> tuple[np.ndarray, float, float]:

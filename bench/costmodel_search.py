@@ -27,12 +27,12 @@ import time
 from pathlib import Path
 
 import numpy as np
-from costmodel_common import LocalDevice, best_so_far, fresh_store, machine, trials_to, tune
+from costmodel_common import MemoDevice, best_so_far, fresh_store, machine, trials_to, tune
 
-from farm.search import RandomSearch
-from farm.targets import parse_target
-from farm.task import Task
-from farm.workloads import make_workload
+from farm.core.search import RandomSearch
+from farm.core.targets import parse_target
+from farm.core.task import Task
+from farm.core.workloads import make_workload
 
 WORKLOADS = {
     "resnet-last-conv": ("resnet-last-conv", {}),
@@ -55,7 +55,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     print(f"machine: {machine()}")
     figures = {"machine": machine(), "args": {k: str(v) for k, v in vars(args).items()}, "workloads": {}}
-    with LocalDevice(args.out / "logs", args.out / "measured.json", args.target) as device:
+    with MemoDevice(args.out / "logs", args.out / "measured.json", args.target) as device:
         for name in args.workloads:
             start = time.perf_counter()
             wl = make_workload(*WORKLOADS[name])

@@ -8,7 +8,7 @@ noise): what is timed (reading the family's trials from SQLite, featurizing them
 saving; featurizing and scoring candidates) does not depend on the values. The family has four
 shapes of resnet-last-conv's conv2d on cuda (79 features, the largest space: 10.4 million
 configs); every figure is the median of --repeat runs. The load average is printed: XGBoost uses
-the cores it leaves idle (farm.costmodel.idle_cores).
+the cores it leaves idle (farm.core.costmodel.idle_cores).
 """
 
 from __future__ import annotations
@@ -25,15 +25,15 @@ import numpy as np
 from costmodel_common import machine
 
 from db.store import open_store
-from farm.costmodel import idle_cores, training_set
-from farm.features import featurizer
-from farm.jobs import JobRequest
-from farm.measure import MeasureResult, Status
+from farm.core.costmodel import idle_cores, training_set
+from farm.core.features import featurizer
+from farm.core.jobspec import JobRequest
+from farm.core.measure import MeasureResult, Status
+from farm.core.search import XGBSearch
+from farm.core.targets import parse_target
+from farm.core.task import Task
+from farm.core.workloads import make_workload
 from farm.predict import predict
-from farm.search import XGBSearch
-from farm.targets import parse_target
-from farm.task import Task
-from farm.workloads import make_workload
 from scheduler.retrain import retrain
 
 SHAPES = [dict(CI=512, CO=512, H=7, W=7), dict(CI=256, CO=256, H=14, W=14), dict(CI=128, CO=128, H=28, W=28),
@@ -69,7 +69,7 @@ def main() -> None:
     rows = []
     for shape in SHAPES:
         wl = make_workload("conv2d_nchw", dict(N=1, KH=3, KW=3, pad=1, **shape))
-        job = JobRequest.build([wl], "cuda", args.trials, search="xgb").submit(store)
+        job = store.submit(JobRequest.build([wl], "cuda", args.trials, search="xgb"))
         rows.append(store.tasks(job)[0])
     with store.writer() as writer:
         for row in rows:

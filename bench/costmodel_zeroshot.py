@@ -21,13 +21,13 @@ import time
 from pathlib import Path
 
 import numpy as np
-from costmodel_common import LocalDevice, fresh_store, machine, tune
+from costmodel_common import MemoDevice, fresh_store, machine, tune
 
+from farm.core.search import RandomSearch
+from farm.core.targets import parse_target
+from farm.core.task import Task
+from farm.core.workloads import Workload, make_workload
 from farm.predict import predict
-from farm.search import RandomSearch
-from farm.targets import parse_target
-from farm.task import Task
-from farm.workloads import Workload, make_workload
 
 
 def conv(ci: int, co: int, hw: int) -> Workload:
@@ -65,7 +65,7 @@ def main() -> None:
     print(f"machine: {machine()}")
     figures: dict = {"machine": machine(), "args": {k: str(v) for k, v in vars(args).items()}, "shapes": []}
     target = parse_target(args.target)
-    with LocalDevice(args.out / "logs", args.out / "measured.json", args.target) as device:
+    with MemoDevice(args.out / "logs", args.out / "measured.json", args.target) as device:
         for family in args.families:
             train_shapes, held_out = FAMILIES[family]
             store = fresh_store(args.out, f"zeroshot-{family}")

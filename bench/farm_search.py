@@ -27,10 +27,10 @@ import statistics
 from pathlib import Path
 
 import numpy as np
-from costmodel_common import farm_curve, farm_tune, trials_to
+from costmodel_common import add_workload_arguments, farm_curve, farm_tune, trials_to
 
+from farm.core.workloads import make_workload
 from farm.report import Curve, plot_curves
-from farm.workloads import make_workload
 
 
 def expected_random_trials(latency_us: np.ndarray, threshold: float) -> tuple[float, int]:
@@ -41,9 +41,7 @@ def expected_random_trials(latency_us: np.ndarray, threshold: float) -> tuple[fl
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workload", default="resnet-last-conv", help="workload or preset name")
-    parser.add_argument("--params", nargs="*", default=[], help="key=value workload parameters")
-    parser.add_argument("--target", default="cuda")
+    add_workload_arguments(parser)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--trials", type=int, default=128, help="trials of each xgb run")
     parser.add_argument("--random-trials", type=int, default=384)

@@ -22,14 +22,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from deploy.local_cluster import LocalTracker
-from farm.measure import MeasureResult, Status
-from farm.search import RandomSearch
-from farm.targets import parse_target
-from farm.task import Task
-from farm.workloads import make_workload
-from workers.builder import Builder, BuildResult
-from workers.device import ServerProcess, wait_for_keys
+from farm.core.measure import MeasureResult, Status
+from farm.core.search import RandomSearch
+from farm.core.targets import parse_target
+from farm.core.task import Task
+from farm.core.workloads import make_workload
+from workers.builder import BuildResult, ProcessPoolBuilder
+from workers.device import LocalTracker, ServerProcess, wait_for_keys
 from workers.runner import EvaluatorConfig, RPCRunner
 
 
@@ -99,7 +98,7 @@ def main() -> None:
     else:
         indices = RandomSearch(task, task.space.shards(1)[0], seed=1).propose(args.candidates)
     logs = Path(tempfile.mkdtemp(prefix="farm-bench-"))
-    with Builder() as builder, LocalTracker(log=logs / "tracker.log") as tracker:
+    with ProcessPoolBuilder() as builder, LocalTracker(log=logs / "tracker.log") as tracker:
         start = time.perf_counter()
         builds = [b for b in builder.build(task, indices) if b.ok]
         build_seconds = time.perf_counter() - start

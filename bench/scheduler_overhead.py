@@ -22,43 +22,40 @@ import concurrent.futures as cf
 import multiprocessing
 import random
 import time
-from collections.abc import Iterable
 
 from db.store import open_store
-from farm.jobs import JobRequest
-from farm.measure import MeasureResult, Status
-from farm.task import Task
-from scheduler.shards import LocalSearches
+from farm.core.jobspec import JobRequest
+from farm.core.measure import MeasureResult, Status
+from farm.core.task import Task
+from scheduler.local_pool import LocalWorkerPool
 from scheduler.tuner import run_job
 
 
-class InstantWorkers:
-    """Workers that measure nothing: every config gets a made-up latency at once."""
+class InstantWorker:
+    """A worker that measures nothing: every config gets a made-up latency at once."""
 
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self.rng = random.Random(0)
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.rng = random.Random(name)
 
-    def submit(self, worker: int, task: Task, indices: list[int], shard: int,
-               round_: int) -> cf.Future[list[MeasureResult]]:
-        future: cf.Future[list[MeasureResult]] = cf.Future()
-        future.set_result([MeasureResult(i, task.space.get(i).to_json(), Status.OK,
-                                         latencies=[self.rng.uniform(1e-5, 1e-3)] * 3, device="none",
-                                         worker=f"w{worker}", shard=shard, round=round_) for i in indices])
-        return future
+    def process(self, task: Task, indices: list[int], shard: int = 0, round_: int = 0) -> list[MeasureResult]:
+        return [MeasureResult(i, task.space.get(i).to_json(), Status.OK, latencies=[self.rng.uniform(1e-5, 1e-3)] * 3,
+                              device="none", worker=self.name, shard=shard, round=round_) for i in indices]
 
-    def searches(self, search: str, task: Task, seed: int, measured: Iterable[int]) -> LocalSearches:
-        return LocalSearches(search, task, seed, self.size, measured)
+    def close(self) -> None:
+        """Nothing to release."""
 
 
 def overhead(url: str, trials: int, workers: int, batch: int, search: str) -> float:
     store = open_store(url)
-    job = JobRequest.build(["resnet-last-conv"], "cuda", trials, workers=workers, batch_size=batch,
-                           search=search).submit(store)
+    job = store.submit(JobRequest.build(["resnet-last-conv"], "cuda", trials, workers=workers, batch_size=batch,
+                                        search=search))
     store.claim_job("bench", job_id=job)
+    pool = LocalWorkerPool([InstantWorker(f"w{i}") for i in range(workers)])
     start = time.perf_counter()
-    run_job(store, job, InstantWorkers(workers), search=search, batch_size=batch)
+    run_job(store, job, pool, search=search, batch_size=batch)
     seconds = time.perf_counter() - start
+    pool.close()
     store.finish_job(job, "done")
     assert len(store.trials(job_id=job)) == trials
     return seconds
@@ -77,7 +74,7 @@ def _write(url: str, task_id: int, offset: int, count: int, batch: int) -> float
 
 def writes(url: str, writers: int, per_writer: int, batch: int) -> float:
     store = open_store(url)
-    job = JobRequest.build(["resnet-last-conv"], "cuda", 1).submit(store)
+    job = store.submit(JobRequest.build(["resnet-last-conv"], "cuda", 1))
     (task,) = store.tasks(job)
     ctx = multiprocessing.get_context("spawn")
     with cf.ProcessPoolExecutor(writers, mp_context=ctx) as pool:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from farm.workloads import PRESETS, Workload, make_workload
+from farm.core.workloads import PRESETS, Workload, make_workload
 
 
 def torch_op(wl: Workload) -> Callable[[], Any]:

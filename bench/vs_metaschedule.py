@@ -30,11 +30,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from costmodel_common import farm_curve, farm_tune, timed
+from costmodel_common import add_workload_arguments, farm_curve, farm_tune, timed
 
+from farm.core.targets import parse_target
+from farm.core.workloads import Workload, make_workload
 from farm.report import Curve, best_so_far, plot_curves
-from farm.targets import parse_target
-from farm.workloads import Workload, make_workload
 
 # Final timing of the two best kernels: TVM time_evaluator, `repeat` means of >= MIN_MS each.
 FINAL_NUMBER, FINAL_REPEAT, FINAL_MIN_MS = 20, 10, 100
@@ -107,20 +107,18 @@ def retime(workload: Workload, target: str, export: Path, ms_dir: Path) -> dict[
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
-    from farm.build import build
+    from farm.apply import build
 
     database, _, _ = metaschedule_records(ms_dir)
     spec = parse_target(target)
-    mod = tvm.IRModule({"main": tvm.te.create_prim_func(workload.build_te())})
+    mod = tvm.IRModule({"main": workload.prim_func()})
     ms_lib = tvm.compile(ms.tir_integration.compile_tir(database, mod, spec.tvm()).mod, target=spec.tvm())
     return final_timing(workload, target, {"farm": build(workload, spec, export), "metaschedule": ms_lib})
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workload", default="resnet-last-conv", help="workload or preset name")
-    parser.add_argument("--params", nargs="*", default=[], help="key=value workload parameters")
-    parser.add_argument("--target", default="cuda")
+    add_workload_arguments(parser)
     parser.add_argument("--trials", type=int, default=128)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("/tmp/farm-vs-ms"))

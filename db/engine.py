@@ -20,7 +20,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
 from sqlalchemy.orm import Session, sessionmaker
 
-from farm.errors import FarmError
+from farm.core.errors import FarmError
 
 DEFAULT_URL = "sqlite:///farm.db"
 ENV_URL = "FARM_DB"
@@ -55,7 +55,7 @@ def resolve_url(url: str | URL | None) -> URL:
         raise FarmError(f"bad database URL {str(url)!r}: {_USAGE}; {_HINT}") from None
     backend = parsed.get_backend_name()
     if backend not in ("sqlite", "postgresql"):
-        raise FarmError(f"unsupported database {backend!r} in {_display(parsed)}: {_USAGE}; {_HINT}")
+        raise FarmError(f"unsupported database {backend!r} in {display_url(parsed)}: {_USAGE}; {_HINT}")
     database = parsed.database or ""
     if backend == "sqlite" and database not in ("", ":memory:") and not parsed.query.get("uri"):
         parsed = parsed.set(database=os.path.abspath(database))
@@ -139,7 +139,7 @@ def _create(parsed: URL, **kwargs: Any) -> Engine:
         return create_engine(parsed, **kwargs)
     except (NoSuchModuleError, ImportError) as exc:
         raise FarmError(
-            f"cannot open {_display(parsed)}: its driver is not installed ({_first_line(exc)}); {_USAGE}"
+            f"cannot open {display_url(parsed)}: its driver is not installed ({_first_line(exc)}); {_USAGE}"
         ) from None
 
 
@@ -150,7 +150,8 @@ def _check_sqlite_path(parsed: URL) -> None:
         return
     directory = os.path.dirname(database)
     if not os.path.isdir(directory):
-        raise FarmError(f"cannot open {_display(parsed)}: directory {directory} does not exist; create it or {_HINT}")
+        raise FarmError(f"cannot open {display_url(parsed)}: directory {directory} does not exist; "
+                        f"create it or {_HINT}")
 
 
 def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
@@ -217,7 +218,10 @@ def _json_default(value: Any) -> Any:
 _json_dumps: Callable[[Any], str] = partial(json.dumps, default=_json_default)
 
 
-def _display(parsed: URL) -> str:
+def display_url(url: str | URL | None) -> str:
+    """The URL the farm opens for `url` (resolve_url; given a parsed URL, that one), its password
+    masked: the only form of a database URL that goes into messages and logs."""
+    parsed = url if isinstance(url, URL) else resolve_url(url)
     return parsed.render_as_string(hide_password=True)
 
 
@@ -233,4 +237,4 @@ def _connect_error(parsed: URL, exc: DBAPIError) -> str:
         hint = "is PostgreSQL running there and does the database exist?"
     else:
         hint = "is it a writable SQLite database?"
-    return f"cannot connect to {_display(parsed)}: {reason}; {hint} {_HINT}"
+    return f"cannot connect to {display_url(parsed)}: {reason}; {hint} {_HINT}"

@@ -21,7 +21,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, func, select
 
 from db.engine import for_writing, make_engine, resolve_url
-from farm.errors import FarmError
+from farm.core.errors import FarmError
 
 MIGRATIONS = Path(__file__).resolve().with_name("migrations")
 # Postgres advisory lock held while migrating: arbitrary, fixed, and unique to the farm.

@@ -29,7 +29,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from farm.measure import Status
+from farm.core.measure import Status
 
 # Deterministic constraint names, so that migrations (and SQLite's batch mode, which
 # recreates tables) can refer to constraints by name on every backend.

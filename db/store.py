@@ -14,13 +14,13 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 from sqlalchemy import Connection, Engine, Row, Select, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
-from db.engine import dialect_insert, for_writing, make_engine, resolve_url
+from db.engine import dialect_insert, display_url, for_writing, make_engine, resolve_url
 from db.migrate import upgrade
 from db.models import (
     CostModelRecord,
@@ -34,8 +34,11 @@ from db.models import (
     utcnow,
 )
 from db.writer import NOTIFY_CHANNEL, ResultWriter
-from farm.errors import FarmError
-from farm.measure import Status
+from farm.core.errors import FarmError
+from farm.core.measure import Status
+
+if TYPE_CHECKING:
+    from farm.core.jobspec import JobRequest
 
 _JOBS = JobRecord.__table__
 _TASKS = TaskRecord.__table__
@@ -113,6 +116,10 @@ class ResultStore(ABC):
         `spec` is the request as submitted (JSON). Each task dict has exactly the keys of
         `TASK_KEYS`; ValueError if a key is missing or unknown, or `tasks` is empty.
         """
+
+    def submit(self, request: JobRequest) -> int:
+        """Queue a validated job (farm.core.jobspec.JobRequest) and its tasks; returns its id."""
+        return self.create_job(**request.job_row())
 
     @abstractmethod
     def claim_job(self, scheduler_id: str, job_id: int | None = None) -> int | None:
@@ -210,15 +217,8 @@ class ResultStore(ABC):
     # Rounds and cost models -------------------------------------------------------------
 
     @abstractmethod
-    def add_round(
-        self,
-        task_id: int,
-        round: int,
-        trials: int,
-        best_latency: float | None,
-        rank_corr: float | None = None,
-        model_id: int | None = None,
-    ) -> None:
+    def add_round(self, task_id: int, round: int, trials: int, best_latency: float | None,
+                  rank_corr: float | None = None, model_id: int | None = None) -> None:
         """Record the task's state after `round`; recording a round again replaces it
         (a scheduler that resumes a job may repeat its last round)."""
 
@@ -227,15 +227,8 @@ class ResultStore(ABC):
         """The task's round rows in round order."""
 
     @abstractmethod
-    def save_model(
-        self,
-        family_key: str,
-        task_id: int | None,
-        model: bytes,
-        feature_names: Sequence[str],
-        training_rows: int,
-        training_seconds: float,
-    ) -> int:
+    def save_model(self, family_key: str, task_id: int | None, model: bytes, feature_names: Sequence[str],
+                   training_rows: int, training_seconds: float) -> int:
         """Store a trained cost model as the family's next version; return its id.
 
         `model` is XGBoost's UBJSON (``Booster.save_raw("ubj")``), never a pickle.
@@ -321,7 +314,7 @@ class SQLResultStore(ResultStore):
         self._init_engine_state()
 
     def __repr__(self) -> str:
-        return f"SQLResultStore({resolve_url(self.url).render_as_string(hide_password=True)!r})"
+        return f"SQLResultStore({display_url(self.url)!r})"
 
     @property
     def engine(self) -> Engine:
@@ -567,15 +560,8 @@ class SQLResultStore(ResultStore):
 
     # Rounds and cost models -------------------------------------------------------------
 
-    def add_round(
-        self,
-        task_id: int,
-        round: int,
-        trials: int,
-        best_latency: float | None,
-        rank_corr: float | None = None,
-        model_id: int | None = None,
-    ) -> None:
+    def add_round(self, task_id: int, round: int, trials: int, best_latency: float | None,
+                  rank_corr: float | None = None, model_id: int | None = None) -> None:
         engine = self.engine
         values = {"trials": trials, "best_latency": best_latency, "rank_corr": rank_corr, "model_id": model_id}
         statement = (
@@ -591,15 +577,8 @@ class SQLResultStore(ResultStore):
         with self._read() as connection:
             return [_dict(row) for row in connection.execute(statement)]
 
-    def save_model(
-        self,
-        family_key: str,
-        task_id: int | None,
-        model: bytes,
-        feature_names: Sequence[str],
-        training_rows: int,
-        training_seconds: float,
-    ) -> int:
+    def save_model(self, family_key: str, task_id: int | None, model: bytes, feature_names: Sequence[str],
+                   training_rows: int, training_seconds: float) -> int:
         next_version = (
             select(func.coalesce(func.max(_MODELS.c.version), 0) + 1)
             .where(_MODELS.c.family_key == family_key)

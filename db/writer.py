@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import statistics
 import threading
 from datetime import datetime
 from types import TracebackType
@@ -13,7 +12,7 @@ from sqlalchemy import Engine, Text, cast, func, select
 
 from db.engine import dialect_insert, for_writing
 from db.models import TaskRecord, TrialRecord, utcnow
-from farm.measure import MeasureResult, Status
+from farm.core.measure import MeasureResult, Status
 
 # Postgres channel on which every flush that stored trials announces the ids of their jobs.
 NOTIFY_CHANNEL = "farm_trials"
@@ -24,7 +23,7 @@ log = logging.getLogger(__name__)
 
 
 def trial_row(task_id: int, result: MeasureResult, created_at: datetime) -> dict[str, Any]:
-    """The `trials` row for `result`; `latency` is the median of the repeats, only when ok."""
+    """The `trials` row for `result` (its `latency` is MeasureResult.latency: the median, only when ok)."""
     status = Status(result.status)  # also accepts the plain string, and rejects unknown ones
     latencies = [float(value) for value in result.latencies]
     return {
@@ -34,7 +33,7 @@ def trial_row(task_id: int, result: MeasureResult, created_at: datetime) -> dict
         "status": status.value,
         "error": result.error,
         "latencies": latencies,
-        "latency": statistics.median(latencies) if status is Status.OK and latencies else None,
+        "latency": result.latency,
         "build_seconds": float(result.build_seconds),
         "run_seconds": float(result.run_seconds),
         "device": result.device,

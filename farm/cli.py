@@ -7,13 +7,17 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from farm.errors import FarmError, require_folder_of
+from farm.core.errors import FarmError, require_folder_of
+
+if TYPE_CHECKING:
+    from db.store import ResultStore
+    from farm.client import Job
 
 app = typer.Typer(
     add_completion=False,
@@ -31,8 +35,9 @@ DbOption = Annotated[str | None, typer.Option(
     "Default: $FARM_DB, else sqlite:///farm.db.")]
 
 
-def _db_url(db: str | None) -> str:
-    return db or os.environ.get("FARM_DB") or "sqlite:///farm.db"
+WorkloadArg = Annotated[str, typer.Argument(help="Workload or preset name (see `farm workloads`).")]
+ParamsArg = Annotated[list[str] | None, typer.Argument(help="Parameters as key=value, e.g. CI=256 pad=1.")]
+TargetOpt = Annotated[str, typer.Option(help='llvm, cuda, or a JSON target like \'{"kind":"cuda","arch":"sm_80"}\'.')]
 
 
 @app.command()
@@ -40,9 +45,9 @@ def workloads(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """List workloads, their parameters, the presets, and each template's config-space size."""
-    from farm.targets import KINDS, parse_target
-    from farm.task import Task
-    from farm.workloads import PRESETS, WORKLOADS, make_workload
+    from farm.core.targets import KINDS, parse_target
+    from farm.core.task import Task
+    from farm.core.workloads import PRESETS, WORKLOADS, make_workload
 
     targets = {kind: parse_target(kind) for kind in KINDS}
     doc: dict[str, Any] = {"workloads": [], "presets": []}
@@ -82,10 +87,9 @@ def workloads(
 
 @app.command(context_settings={"allow_extra_args": False})
 def tune(
-    workload: Annotated[str, typer.Argument(help="Workload or preset name (see `farm workloads`).")],
-    params: Annotated[list[str] | None, typer.Argument(help="Parameters as key=value, e.g. CI=256 pad=1.")] = None,
-    target: Annotated[str, typer.Option(help='llvm, cuda, or a JSON target like \'{"kind":"cuda","arch":"sm_80"}\'.')]
-    = "llvm",
+    workload: WorkloadArg,
+    params: ParamsArg = None,
+    target: TargetOpt = "llvm",
     trials: Annotated[int, typer.Option(min=1, help="Number of candidates to measure.")] = 64,
     db: DbOption = None,
     workers: Annotated[int | None, typer.Option(
@@ -100,35 +104,37 @@ def tune(
 ) -> None:
     """Tune one kernel end to end on this machine: starts an RPC tracker and servers, measures
     TRIALS candidates, stores every result in the database, prints and exports the best."""
-    from farm.jobs import JobRequest
-    from farm.workloads import make_workload, parse_assignments
-    from scheduler.service import Scheduler
+    from farm.client import Client
+    from farm.core.targets import parse_target
+    from farm.core.task import Task
+    from farm.core.workloads import make_workload, parse_assignments
     from workers.device import gpu_count
 
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(message)s")
     # Validate everything before anything is written or started.
     wl = make_workload(workload, parse_assignments(params or []))
-    request = JobRequest.build([wl], target, trials, search=search, seed=seed, batch_size=batch_size)
+    spec = parse_target(target)
     if export is not None:
         require_folder_of(export)
-    if request.target.is_gpu:
+    if spec.is_gpu:
         gpus = gpu_count()
         if gpus == 0:
             raise FarmError("no GPU visible here (nvidia-smi lists none): use --target llvm, "
                             "or run on a machine with an NVIDIA GPU")
-        request.workers = workers or gpus
-    else:
-        request.workers = workers or 1
-    store = _open_store(db)
-    job_id = request.submit(store)
-    (task,) = request.tasks
-    console.print(f"job {job_id}: {task} — space of {task.space.size:,} configs "
-                  f"({task.template.name}), {trials} trials on {request.workers} {task.target.kind} worker(s)")
-    with Scheduler(store, log_dir=log_dir) as scheduler:
-        store.claim_job(scheduler.id, job_id=job_id)
-        _run_with_progress(scheduler, job_id)
-    _report_best(store, job_id, export)
+        workers = workers or gpus
+    workers = workers or 1
+    with Client(db, in_process=True, log_dir=log_dir) as client:
+        job = client.submit([wl], spec, trials, search=search, workers=workers, seed=seed, batch_size=batch_size)
+        task = Task(wl, spec)
+        console.print(f"job {job.id}: {task} — space of {task.space.size:,} configs ({task.template.name}), "
+                      f"{trials} trials on {workers} {spec.kind} worker(s)", markup=False, highlight=False)
+        try:
+            job.wait(progress=True)
+        except KeyboardInterrupt:
+            job.cancel()  # the job's thread stops within a batch; its trials stay
+            raise
+        _report_best(job, export)
 
 
 WorkloadsArg = Annotated[list[str], typer.Argument(
@@ -138,7 +144,7 @@ WorkloadsArg = Annotated[list[str], typer.Argument(
 @app.command()
 def submit(
     workloads: WorkloadsArg,
-    target: Annotated[str, typer.Option(help="llvm, cuda, or a JSON target dict.")] = "llvm",
+    target: TargetOpt = "llvm",
     trials: Annotated[int, typer.Option(min=1, help="Measurements in all, spread over the workloads.")] = 64,
     db: DbOption = None,
     workers: Annotated[int, typer.Option(min=1, help="Devices (worker actors) to measure on.")] = 1,
@@ -150,19 +156,20 @@ def submit(
     name: Annotated[str, typer.Option(help="A name for the job.")] = "",
 ) -> None:
     """Queue a job for the farm's schedulers (`farm scheduler`) and print its id."""
-    from farm.jobs import JobRequest
+    from farm.client import Client
 
-    request = JobRequest.build(_parse_workloads(workloads), target, trials, search=search, workers=workers,
-                               seed=seed, rpc_keys=rpc_key or (), name=name)
-    job_id = request.submit(_open_store(db))
-    out.print(job_id)
-    console.print(f"job {job_id} queued: {len(request.workloads)} task(s), {trials} trials; "
-                  f"follow it with `farm status {job_id}`")
+    parsed = _parse_workloads(workloads)
+    with Client(db, in_process=False) as client:
+        job = client.submit(parsed, target, trials, search=search, workers=workers, seed=seed,
+                            rpc_keys=rpc_key or (), name=name)
+    out.print(job.id)
+    console.print(f"job {job.id} queued: {len(parsed)} task(s), {trials} trials; "
+                  f"follow it with `farm status {job.id}`", markup=False)
 
 
 def _parse_workloads(words: list[str]) -> list[Any]:
     """`name k=v k=v name2 ...` into [(name, {k: v}), ...]."""
-    from farm.workloads import parse_assignments
+    from farm.core.workloads import parse_assignments
 
     groups: list[tuple[str, list[str]]] = []
     for word in words:
@@ -226,7 +233,7 @@ def status(
         out.print_json(json.dumps(doc, default=str))
         return
     out.print(f"job {doc['id']} [{doc['status']}] {doc['name']}: {doc['trials']}/{doc['trials_budget']} trials, "
-              f"search {doc['search']}")
+              f"search {doc['search']}", markup=False, highlight=False)
     if doc.get("error"):
         out.print(f"  error: {doc['error']}")
     for task in doc["tasks"]:
@@ -330,9 +337,9 @@ def export(
 
 @app.command()
 def build(
-    workload: Annotated[str, typer.Argument(help="Workload or preset name.")],
-    params: Annotated[list[str] | None, typer.Argument(help="Parameters as key=value.")] = None,
-    target: Annotated[str, typer.Option(help="llvm, cuda, or a JSON target dict.")] = "llvm",
+    workload: WorkloadArg,
+    params: ParamsArg = None,
+    target: TargetOpt = "llvm",
     best: Annotated[Path | None, typer.Option(help="An export (farm.best/1) holding the tuned config.")] = None,
     output: Annotated[Path, typer.Option("-o", "--output", help="The shared library to write.")] = Path("kernel.so"),
     allow_stale: Annotated[bool, typer.Option(help="Apply a config tuned against an older template version.")]
@@ -343,8 +350,8 @@ def build(
     The library's function `main` takes the inputs then the output, as TVM tensors."""
     import warnings
 
-    from farm.build import build as build_kernel
-    from farm.workloads import make_workload, parse_assignments
+    from farm.apply import build as build_kernel
+    from farm.core.workloads import make_workload, parse_assignments
 
     wl = make_workload(workload, parse_assignments(params or []))
     require_folder_of(output)
@@ -364,9 +371,9 @@ def build(
 
 @app.command()
 def predict(
-    workload: Annotated[str, typer.Argument(help="Workload or preset name.")],
-    params: Annotated[list[str] | None, typer.Argument(help="Parameters as key=value.")] = None,
-    target: Annotated[str, typer.Option(help="llvm, cuda, or a JSON target dict.")] = "llvm",
+    workload: WorkloadArg,
+    params: ParamsArg = None,
+    target: TargetOpt = "llvm",
     top: Annotated[int, typer.Option(min=1, help="How many configs.")] = 5,
     measure: Annotated[bool, typer.Option("--measure", help="Also build and measure them on this machine.")]
     = False,
@@ -376,10 +383,10 @@ def predict(
 ) -> None:
     """The cost model's best configs for a shape, without tuning it (zero-shot), from the
     model trained on the shapes the farm tuned before with the same template and target kind."""
+    from farm.core.targets import parse_target
+    from farm.core.workloads import make_workload, parse_assignments
     from farm.predict import predict as predict_configs
     from farm.predict import render
-    from farm.targets import parse_target
-    from farm.workloads import make_workload, parse_assignments
 
     wl = make_workload(workload, parse_assignments(params or []))
     spec = parse_target(target)
@@ -412,75 +419,46 @@ app.add_typer(db_app, name="db")
 @db_app.command("upgrade")
 def db_upgrade(db: DbOption = None) -> None:
     """Create the schema, or migrate it to this farm's version (Alembic); safe to run again."""
-    from db.engine import make_engine
+    from db.engine import display_url, make_engine
     from db.migrate import current, head, upgrade
 
-    url = _db_url(db)
-    make_engine(url).dispose()  # one clear error for an unreachable database
-    before = current(url)
-    upgrade(url)
-    out.print(f"{url}: schema at {head()} (was {before or 'empty'})")
+    make_engine(db).dispose()  # one clear error for an unreachable database
+    before = current(db)
+    upgrade(db)
+    out.print(f"{display_url(db)}: schema at {head()} (was {before or 'empty'})")
 
 
-def _open_store(db: str | None, must_exist: bool = False) -> Any:
-    """The store at the URL; with `must_exist` (commands that only read), a SQLite file that
-    does not exist is an error rather than a new empty database."""
-    from sqlalchemy.engine import make_url
-
+def _open_store(db: str | None, must_exist: bool = False) -> ResultStore:
+    """The store at `db` (None: the default URL, see db.engine.resolve_url); with `must_exist`
+    (commands that only read), a SQLite file that does not exist is an error rather than a new
+    empty database."""
+    from db.engine import display_url, resolve_url
     from db.store import open_store
 
-    url = _db_url(db)
-    if must_exist:
-        try:
-            parsed = make_url(url)
-        except Exception:
-            parsed = None  # open_store reports malformed URLs
-        if parsed is not None and parsed.get_backend_name() == "sqlite" and parsed.database \
-                and not Path(parsed.database).exists():
-            raise FarmError(f"no database at {url}: give --db or FARM_DB (run `farm tune` or `farm submit` first)")
-    return open_store(url)
+    url = resolve_url(db)
+    if must_exist and url.get_backend_name() == "sqlite" and url.database and url.database != ":memory:" \
+            and not Path(url.database).exists():
+        raise FarmError(f"no database at {display_url(url)}: give --db or FARM_DB "
+                        "(run `farm tune` or `farm submit` first)")
+    return open_store(db)
 
 
-def _run_with_progress(scheduler: Any, job_id: int) -> str:
-    """Run a claimed job with a progress bar per task: trials done, best so far, correct so far."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("best {task.fields[best]}"), TextColumn("ok {task.fields[ok]}"), TimeElapsedColumn())
-    with Progress(*columns, console=console) as bar:
-        ids: dict[int, Any] = {}
-        ok: dict[int, int] = {}
-
-        def on_progress(p: Any) -> None:
-            if p.task_number not in ids:
-                ids[p.task_number] = bar.add_task(p.task.workload.name, total=p.budget, best="-", ok=0)
-                ok[p.task_number] = 0
-            ok[p.task_number] += sum(r.ok for r in p.last)
-            best = "-" if p.best_seconds is None else f"{p.best_seconds * 1e6:.1f} µs"
-            bar.update(ids[p.task_number], completed=p.done, best=best, ok=ok[p.task_number])
-
-        return scheduler.run_job(job_id, on_progress=on_progress)
-
-
-def _report_best(store: Any, job_id: int, export: Path | None) -> None:
-    from farm.export import export_job, job_records
-
-    records = job_records(store, job_id)
-    counts = store.job(job_id)
+def _report_best(job: Job, export: Path | None) -> None:
+    """Print the best config of each task of a finished `farm tune` job, and export them."""
+    records = job.best()
     if not records:
-        console.print(f"job {job_id}: no candidate ran correctly; see `farm trials {job_id}`")
+        console.print(f"job {job.id}: no candidate ran correctly; see `farm trials {job.id}`")
         raise typer.Exit(1)
     for rec in records:
         out.print(f"best for {rec['workload']['name']} on {rec['device']}: "
-                  f"{rec['latency_us']:.2f} µs ({rec['gflops']:.1f} GFLOPS)")
-        out.print(f"  config {json.dumps(rec['config'], sort_keys=True)}")
-    if counts is not None:
-        for t in counts.get("tasks", []):
-            by_status = ", ".join(f"{k} {v}" for k, v in sorted(t.get("counts", {}).items()))
-            out.print(f"  trials: {by_status}")
+                  f"{rec['latency_us']:.2f} µs ({rec['gflops']:.1f} GFLOPS)", markup=False)
+        out.print(f"  config {json.dumps(rec['config'], sort_keys=True)}", markup=False)
+    for t in job.status()["tasks"]:
+        by_status = ", ".join(f"{k} {v}" for k, v in sorted(t.get("counts", {}).items()))
+        out.print(f"  trials: {by_status}")
     if export is not None:
-        export_job(store, job_id, export)
-        out.print(f"exported {len(records)} record(s) to {export}")
+        job.export(export)
+        out.print(f"exported {len(records)} record(s) to {export}", markup=False)
 
 
 def main() -> None:

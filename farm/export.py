@@ -25,8 +25,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from farm.errors import FarmError, require_folder_of
-from farm.task import Task
+from db.store import ResultStore
+from farm.core.errors import FarmError, require_folder_of
+from farm.core.task import Task
 
 FORMAT = "farm.best/1"
 _FIELDS = {"workload": dict, "target": dict, "template": str, "template_version": str, "config": dict,
@@ -61,7 +62,7 @@ def record(task: Task, trial: dict[str, Any], template_version: str) -> dict[str
     }
 
 
-def job_records(store: Any, job_id: int) -> list[dict[str, Any]]:
+def job_records(store: ResultStore, job_id: int) -> list[dict[str, Any]]:
     """The best record of every task of the job that has a correct trial."""
     out = []
     for row in store.tasks(job_id):
@@ -86,7 +87,7 @@ def write(records: list[dict[str, Any]], path: str | Path, format: str = "farm")
         write_metaschedule(records, path)
 
 
-def export_job(store: Any, job_id: int, path: str | Path, format: str = "farm") -> list[dict[str, Any]]:
+def export_job(store: ResultStore, job_id: int, path: str | Path, format: str = "farm") -> list[dict[str, Any]]:
     """Write the job's best records to `path` as `format`, note the export in the store, and
     return the records. FarmError when no trial of the job ran correctly yet."""
     records = job_records(store, job_id)
@@ -171,8 +172,8 @@ def validate(doc: Any, source: str = "export", allow_stale: bool = False) -> dic
 def _validate_record(rec: Any, where: str, allow_stale: bool) -> None:
     import math
 
-    from farm.targets import parse_target
-    from farm.workloads import workload_from_json
+    from farm.core.targets import parse_target
+    from farm.core.workloads import workload_from_json
 
     if not isinstance(rec, dict):
         raise FarmError(f"{where}: a record must be a JSON object")
@@ -202,9 +203,9 @@ def write_metaschedule(records: list[dict[str, Any]], folder: str | Path) -> Pat
     """
     from tvm.s_tir import meta_schedule as ms
 
-    from farm.targets import parse_target
-    from farm.templates.base import new_schedule
-    from farm.workloads import workload_from_json
+    from farm.core.targets import parse_target
+    from farm.core.templates.base import new_schedule
+    from farm.core.workloads import workload_from_json
 
     out = Path(folder)
     files = [out / "database_workload.json", out / "database_tuning_record.json"]

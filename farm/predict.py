@@ -1,7 +1,7 @@
 """Zero-shot configs: the family's cost model picks configs for a shape nobody tuned (`farm predict`).
 
 Like spio's performance model, a prediction takes no tuning: the latest model of the task's
-family (same template, target kind and workload; farm.jobs.family_key), trained on the shapes
+family (same template, target kind and workload; farm.core.jobspec.family_key), trained on the shapes
 the farm measured, ranks the new shape's configs. The search is `XGBSearch`'s annealing
 without random exploration, so the configs returned are valid (the template's check), distinct
 and diverse. Optionally they are measured on this machine, as `farm tune` would.
@@ -14,14 +14,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from farm.costmodel import load_model
-from farm.errors import FarmError
-from farm.jobs import family_key
-from farm.measure import MeasureResult
-from farm.search import XGBSearch
-from farm.targets import TargetSpec
-from farm.task import Task
-from farm.workloads import Workload
+from farm.core.costmodel import ModelSource, load_model
+from farm.core.errors import FarmError
+from farm.core.jobspec import family_key
+from farm.core.measure import MeasureResult
+from farm.core.search import XGBSearch
+from farm.core.targets import TargetSpec
+from farm.core.task import Task
+from farm.core.workloads import Workload
+from workers.device import LocalDevice, gpu_count
 
 
 @dataclass
@@ -40,11 +41,11 @@ class Prediction:
     error: str = ""
 
 
-def predict(workload: Workload, target: TargetSpec, store: Any, top: int = 5, measure: bool = False,
+def predict(workload: Workload, target: TargetSpec, store: ModelSource, top: int = 5, measure: bool = False,
             seed: int = 0, log_dir: Path | None = None) -> list[Prediction]:
     """The family model's `top` best configs for `workload` on `target`, best first.
 
-    `store` is a db.store.ResultStore. With `measure`, each config is also built and measured
+    `store` holds the family's models (a db.store.ResultStore). With `measure`, each config is also built and measured
     on this machine (a local RPC server; cuda needs a GPU here). Raises FarmError when the
     family has no usable model yet, saying what to tune first.
     """
@@ -72,29 +73,14 @@ def predict(workload: Workload, target: TargetSpec, store: Any, top: int = 5, me
 
 
 def measure_locally(task: Task, indices: list[int], log_dir: Path | None = None) -> list[MeasureResult]:
-    """Build and measure configs of `task` on this machine: a tracker and one RPC server (the
-    first GPU for cuda), the farm's Worker, torn down afterwards. FarmError without a GPU for cuda."""
-    from deploy.local_cluster import LocalTracker
-    from workers.device import ServerProcess, gpu_count, wait_for_keys
-    from workers.worker import Worker, WorkerConfig
-
+    """Build and measure configs of `task` on this machine (workers.device.LocalDevice: a tracker,
+    one RPC server on the first GPU for cuda, the farm's Worker), torn down afterwards.
+    FarmError without a GPU for cuda."""
     if task.target.is_gpu and gpu_count() == 0:
         raise FarmError("no GPU visible here (nvidia-smi lists none) to measure cuda configs: "
                         "leave out --measure, or run on a machine with an NVIDIA GPU")
-    key = f"farm-predict-{task.target.kind}"
-    with LocalTracker(log=log_dir / "tracker.log" if log_dir else None) as tracker:
-        server = ServerProcess(tracker.address, key, task.target.kind, "0" if task.target.is_gpu else None,
-                               log=log_dir / "server.log" if log_dir else None)
-        try:
-            wait_for_keys(tracker.address, [key], 90.0, [server.proc])
-            worker = Worker(WorkerConfig(name="predict", tracker=tracker.address, key=key, kind=task.target.kind),
-                            on_hang=server.kill_sessions)
-            try:
-                return worker.process(task, indices)
-            finally:
-                worker.close()
-        finally:
-            server.stop()
+    with LocalDevice(task.target.kind, "predict", gpu="0", log_dir=log_dir) as device:
+        return device.process(task, indices)
 
 
 def render(predictions: list[Prediction], as_json: bool = False) -> str:

@@ -16,7 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from farm.errors import FarmError, require_folder_of
+from db.store import ResultStore
+from farm.core.errors import FarmError, require_folder_of
 
 
 @dataclass
@@ -39,7 +40,7 @@ def best_so_far(latency: np.ndarray) -> np.ndarray:
     return np.where(np.isinf(best), np.nan, best)
 
 
-def _job(store: Any, job_id: int) -> dict[str, Any]:
+def _job(store: ResultStore, job_id: int) -> dict[str, Any]:
     job = store.job(job_id)
     if job is None:
         raise FarmError(f"no job {job_id} in the database; `farm jobs` lists the jobs")
@@ -51,7 +52,7 @@ def _workload(task: dict[str, Any]) -> str:
     return f"{task['workload']['name']}({params}) on {task['target_kind']}"
 
 
-def tuning_curves(store: Any, job_ids: list[int]) -> list[Curve]:
+def tuning_curves(store: ResultStore, job_ids: list[int]) -> list[Curve]:
     """One curve per task of each job, trials in the order they were stored.
 
     `store` is a db.store.ResultStore; FarmError for a job that does not exist.
@@ -70,7 +71,7 @@ def tuning_curves(store: Any, job_ids: list[int]) -> list[Curve]:
     return curves
 
 
-def plot_tuning_curves(store: Any, job_ids: list[int], output: str | Path) -> Path:
+def plot_tuning_curves(store: ResultStore, job_ids: list[int], output: str | Path) -> Path:
     """Write the jobs' tuning curves to the PNG `output`, one panel per workload; returns its path.
 
     FarmError for an unknown job, a folder that does not exist, or nothing measured yet.
@@ -107,13 +108,13 @@ def plot_curves(curves: list[Curve], output: str | Path) -> Path:
     return path
 
 
-def job_rounds(store: Any, job_id: int) -> list[dict[str, Any]]:
+def job_rounds(store: ResultStore, job_id: int) -> list[dict[str, Any]]:
     """Per task of the job: its id, workload, and its rounds (rows of store.rounds)."""
     job = _job(store, job_id)
     return [{"task_id": t["id"], "workload": _workload(t), "rounds": store.rounds(t["id"])} for t in job["tasks"]]
 
 
-def rounds_summary(store: Any, job_id: int) -> str:
+def rounds_summary(store: ResultStore, job_id: int) -> str:
     """The job's rounds as text: per task, one line per round (trials, best µs, rank corr, model)."""
     lines = []
     for task in job_rounds(store, job_id):

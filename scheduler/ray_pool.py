@@ -21,13 +21,13 @@ import os
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from farm.costmodel import CostModel, StoredModel
-from farm.errors import one_line
-from farm.measure import MeasureResult
-from farm.search import SearchStrategy, make_search
-from farm.task import Task
+from farm.core.costmodel import CostModel, StoredModel
+from farm.core.errors import one_line
+from farm.core.measure import MeasureResult
+from farm.core.search import SearchStrategy, search_class
+from farm.core.task import Task
+from scheduler.pool import QUEUE_DEPTH
 from scheduler.shards import shard_search
-from scheduler.tuner import QUEUE_DEPTH
 from workers.actor import WorkerActor
 
 log = logging.getLogger("farm.scheduler")
@@ -151,7 +151,7 @@ class RaySearches:
         """FarmError for an unknown search name (raised here, not in the actors)."""
         import ray
 
-        make_search(search, task, task.space.shards(1)[0], seed)  # validates the name
+        search_class(search)
         self.actors = actors
         done = ray.put(sorted(set(measured)))
         task_json = json.dumps(task.to_json(), sort_keys=True)

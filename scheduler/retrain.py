@@ -16,9 +16,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from farm.costmodel import CostModel, StoredModel, load_model, rank_correlation, train
-from farm.measure import MeasureResult
-from farm.task import Task
+from db.store import ResultStore
+from farm.core.costmodel import CostModel, StoredModel, load_model, rank_correlation, train
+from farm.core.measure import MeasureResult
+from farm.core.task import Task
 
 log = logging.getLogger("farm.scheduler")
 
@@ -42,15 +43,15 @@ class Retrained:
     training_seconds: float
 
 
-def starting_model(store: Any, row: dict[str, Any]) -> StoredModel | None:
+def starting_model(store: ResultStore, row: dict[str, Any]) -> StoredModel | None:
     """The latest model of the task's family (`row` is a dict of store.tasks), None if none.
 
-    A corrupt stored model is logged and replaced by a fresh one (see farm.costmodel.load_model).
+    A corrupt stored model is logged and replaced by a fresh one (see farm.core.costmodel.load_model).
     """
     return load_model(store, row["family_key"])
 
 
-def retrain(store: Any, row: dict[str, Any], task: Task, previous: StoredModel | None,
+def retrain(store: ResultStore, row: dict[str, Any], task: Task, previous: StoredModel | None,
             results: Sequence[MeasureResult], max_trials: int = MAX_TRAINING_TRIALS) -> Retrained:
     """Score the model that guided the round on its `results`, retrain on the family, save.
 
@@ -62,7 +63,7 @@ def retrain(store: Any, row: dict[str, Any], task: Task, previous: StoredModel |
         returned with its id. When the trials teach nothing (fewer than 8, or no two throughputs
         differ) nothing is saved and the previous model is returned.
 
-    `store` is a db.store.ResultStore, `row` the task's dict from `store.tasks`, `task` its Task.
+    `row` is the task's dict from `store.tasks`, `task` its Task.
     """
     rank_corr = None
     if previous is not None:

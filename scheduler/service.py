@@ -1,11 +1,12 @@
 """The scheduler: claims jobs from the database and runs them on worker actors.
 
 `farm scheduler` runs `Scheduler.serve()` as a long-running service; `farm tune` and the
-embedded `farm.Client()` run one job with `Scheduler.run_job()`. Jobs are claimed with
+embedded `farm.Client()` run the jobs they submit with `Scheduler.claim_and_run()`. Jobs are claimed with
 `FOR UPDATE SKIP LOCKED` (store.claim_job), so two schedulers on one database never run the
 same job. While a job runs, a heartbeat thread records that the scheduler is alive; a job
 whose scheduler died (no heartbeat for `stale_seconds`) is queued again for another one.
-Worker actors are kept between jobs of the same kind.
+Worker pools (scheduler.pool) are kept between jobs of the same kind: Ray worker actors by
+default, or whatever a `pool_factory` makes (the in-process scheduler.local_pool).
 """
 
 from __future__ import annotations
@@ -14,29 +15,35 @@ import logging
 import os
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from deploy.local_cluster import LocalTracker, init_ray
-from farm.errors import one_line
+from db.store import ResultStore
+from farm.core.errors import one_line
+from scheduler.cluster import init_ray
+from scheduler.pool import PoolFactory, WorkerPool
 from scheduler.ray_pool import RayWorkerPool
 from scheduler.tuner import Progress, run_job
+from workers.device import LocalTracker
 
 log = logging.getLogger("farm.scheduler")
 
 
 class Scheduler:
-    """Runs jobs of `store` (a db.store.ResultStore) on Ray worker actors.
+    """Runs jobs of `store` on worker pools.
 
     `tracker` is the farm's RPC tracker (host, port); None starts one on this machine.
-    `ray_address` is a Ray cluster to join; None starts Ray on this machine.
+    `ray_address` is a Ray cluster to join; None starts Ray on this machine. `pool_factory`
+    makes the pools instead of Ray (then `ray_address` is not used).
     """
 
-    def __init__(self, store: Any, tracker: tuple[str, int] | None = None, ray_address: str | None = None,
+    def __init__(self, store: ResultStore, tracker: tuple[str, int] | None = None, ray_address: str | None = None,
                  build_workers: int | None = None, log_dir: Path | None = None,
-                 heartbeat_seconds: float = 5.0, stale_seconds: float = 60.0) -> None:
+                 heartbeat_seconds: float = 5.0, stale_seconds: float = 60.0,
+                 pool_factory: PoolFactory | None = None) -> None:
         self.store = store
+        self.pool_factory = pool_factory or self._ray_pool
         self.id = f"scheduler@{socket.gethostname()}:{os.getpid()}:{id(self):x}"
         self.ray_address, self.build_workers, self.log_dir = ray_address, build_workers, log_dir
         self.heartbeat_seconds, self.stale_seconds = heartbeat_seconds, stale_seconds
@@ -46,21 +53,30 @@ class Scheduler:
             self._tracker = LocalTracker(log=log_file).start()
             tracker = self._tracker.address
         self.tracker = tracker
-        self._pools: dict[tuple[Any, ...], RayWorkerPool] = {}
+        self._pools: dict[tuple[Any, ...], WorkerPool] = {}
         self._stop = threading.Event()
 
-    def pool_for(self, spec: dict[str, Any]) -> RayWorkerPool:
-        """Worker actors for a job's spec: `workers` devices of its target kind, or its `rpc_keys`."""
+    def pool_for(self, spec: dict[str, Any]) -> WorkerPool:
+        """The pool for a job's spec: `workers` devices of its target kind, or its `rpc_keys`."""
         kind = spec["target"]["kind"]
         keys = tuple(spec.get("rpc_keys") or ())
         count = len(keys) or int(spec.get("workers") or 1)
         shape = (kind, count, keys)
         if shape not in self._pools:
-            init_ray(self.ray_address, logical_gpus=count if kind == "llvm" else 0)
-            self._pools[shape] = RayWorkerPool(
-                self.tracker, kind, count, list(keys) or None, self.build_workers,
-                str(self.log_dir) if self.log_dir else None, name=f"{kind}-worker")
+            self._pools[shape] = self.pool_factory(kind, count, keys)
         return self._pools[shape]
+
+    def _ray_pool(self, kind: str, count: int, keys: Sequence[str]) -> WorkerPool:
+        init_ray(self.ray_address, logical_gpus=count if kind == "llvm" else 0)
+        return RayWorkerPool(self.tracker, kind, count, list(keys) or None, self.build_workers,
+                             str(self.log_dir) if self.log_dir else None, name=f"{kind}-worker")
+
+    def claim_and_run(self, job_id: int, on_progress: Callable[[Progress], None] | None = None) -> str:
+        """Claim job `job_id` for this scheduler and run it; its final status (the job's status
+        as it stands when another scheduler has it or it was cancelled before it started)."""
+        if self.store.claim_job(self.id, job_id=job_id) is None:
+            return self.store.job_status(job_id)
+        return self.run_job(job_id, on_progress)
 
     def run_job(self, job_id: int, on_progress: Callable[[Progress], None] | None = None) -> str:
         """Run a job this scheduler has claimed; record and return its final status."""

@@ -1,7 +1,7 @@
 """Where a task's shard searches live, and how each new cost model reaches them.
 
 The tuning loop (scheduler.tuner) talks to one `ShardSearches` per task: one search strategy
-per shard (farm.search), asked for batches, told the results, and handed the cost model that
+per shard (farm.core.search), asked for batches, told the results, and handed the cost model that
 is retrained when a round closes. Two implementations:
 
 - `LocalSearches`: the strategies are objects of the scheduler's process (unit tests,
@@ -16,11 +16,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Protocol
 
-from farm.costmodel import StoredModel
-from farm.measure import MeasureResult
-from farm.search import SearchStrategy, make_search
-from farm.space import Shard
-from farm.task import Task
+from farm.core.costmodel import StoredModel
+from farm.core.measure import MeasureResult
+from farm.core.search import SearchStrategy, make_search
+from farm.core.space import Shard
+from farm.core.task import Task
 
 
 class ShardSearches(Protocol):

@@ -5,43 +5,27 @@ measured); each worker has one batch running and one queued, the workers build a
 in parallel, and the results are written to the store in batches. A worker whose shard has
 nothing left takes configs from another shard. The loop stops at each task's budget exactly, when the space is
 exhausted, or when the job is cancelled. A job's budget is spread over its tasks when the
-job is created (farm.jobs.JobRequest).
+job is created (farm.core.jobspec.JobRequest).
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
-from farm.errors import one_line
-from farm.measure import MeasureResult, Status
-from farm.task import Task
+from db.store import ResultStore
+from db.writer import ResultWriter
+from farm.core.errors import one_line
+from farm.core.measure import MeasureResult, Status
+from farm.core.task import Task
+from scheduler.pool import QUEUE_DEPTH, WorkerPool
 from scheduler.retrain import retrain, starting_model
 from scheduler.shards import ShardSearches
 
 log = logging.getLogger("farm.scheduler")
-
-# Batches queued per worker: one running, one waiting behind it, so a device never idles
-# while the scheduler writes results and proposes (Kernel Tuner's parallel runner does the same).
-QUEUE_DEPTH = 2
-
-
-class WorkerPool(Protocol):
-    """Where batches run: in-process workers (embedded `farm tune`) or Ray actors."""
-
-    @property
-    def size(self) -> int: ...
-
-    def submit(self, worker: int, task: Task, indices: list[int], shard: int,
-               round_: int) -> cf.Future[list[MeasureResult]]: ...
-
-    def searches(self, search: str, task: Task, seed: int, measured: Iterable[int]) -> ShardSearches:
-        """One search per worker's shard of `task` (scheduler.shards), none proposing `measured`."""
-        ...
-
 
 @dataclass
 class Progress:
@@ -57,7 +41,7 @@ class Progress:
 
 
 def run_job(
-    store: Any,
+    store: ResultStore,
     job_id: int,
     pool: WorkerPool,
     *,
@@ -67,10 +51,8 @@ def run_job(
     on_progress: Callable[[Progress], None] | None = None,
     stall_seconds: float = 300.0,
 ) -> str:
-    """Run every task of the job to its budget; returns the final status ("done" or "cancelled").
-
-    `store` is a db.store.ResultStore. Results are written through one batched writer.
-    """
+    """Run every task of the job to its budget on `pool`; returns the final status ("done" or
+    "cancelled"). Results are written through one batched writer of `store`."""
     tasks = store.tasks(job_id)
     with store.writer() as writer:
         for number, row in enumerate(tasks):
@@ -88,7 +70,7 @@ def run_job(
     return "done"
 
 
-def _run_task(store: Any, writer: Any, job_id: int, row: dict[str, Any], task: Task, pool: WorkerPool,
+def _run_task(store: ResultStore, writer: ResultWriter, job_id: int, row: dict[str, Any], task: Task, pool: WorkerPool,
               search: str, seed: int, batch_size: int,
               report: Callable[[int, float | None, list[MeasureResult]], None],
               stall_seconds: float) -> str:
@@ -108,7 +90,7 @@ def _run_task(store: Any, writer: Any, job_id: int, row: dict[str, Any], task: T
         searches.close()
 
 
-def _tune(store: Any, writer: Any, job_id: int, row: dict[str, Any], task: Task, pool: WorkerPool,
+def _tune(store: ResultStore, writer: ResultWriter, job_id: int, row: dict[str, Any], task: Task, pool: WorkerPool,
           searches: ShardSearches, batch_size: int,
           report: Callable[[int, float | None, list[MeasureResult]], None], stall_seconds: float, done: int) -> str:
     """The loop of `_run_task`, `done` trials into the task's budget."""

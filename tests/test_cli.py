@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from farm.targets import parse_target
-from farm.task import Task
-from farm.workloads import make_workload
+from farm.core.targets import parse_target
+from farm.core.task import Task
+from farm.core.workloads import make_workload
 
 
 def farm(*args: str, cwd: Path | None = None, timeout: float = 600) -> subprocess.CompletedProcess[str]:

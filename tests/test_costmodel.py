@@ -15,17 +15,17 @@ import numpy as np
 import pytest
 
 from db.store import open_store
-from farm.costmodel import CostModel, CostModelError, load_model, rank_correlation, spearman, train
-from farm.errors import FarmError
-from farm.features import featurizer
-from farm.jobs import JobRequest, family_key
-from farm.measure import MeasureResult, Status
+from farm.core.costmodel import CostModel, CostModelError, load_model, rank_correlation, spearman, train
+from farm.core.errors import FarmError
+from farm.core.features import featurizer
+from farm.core.jobspec import JobRequest, family_key
+from farm.core.measure import MeasureResult, Status
+from farm.core.targets import parse_target
+from farm.core.task import Task
+from farm.core.templates.cuda_tiled import _shared_bytes
+from farm.core.workloads import make_workload
 from farm.predict import predict, render
 from farm.report import plot_tuning_curves, rounds_summary, tuning_curves
-from farm.targets import parse_target
-from farm.task import Task
-from farm.templates.cuda_tiled import _shared_bytes
-from farm.workloads import make_workload
 from scheduler.retrain import retrain, starting_model
 
 CONV = dict(N=1, CI=32, H=14, W=14, CO=32, KH=3, KW=3, pad=1)
@@ -52,7 +52,7 @@ def results_of(task: Task, indices: np.ndarray, round_: int = 0) -> list[Measure
 
 
 def add_task(store: Any, workload: str, params: dict[str, Any], target: str = "llvm") -> tuple[dict[str, Any], Task]:
-    job = JobRequest.build([(workload, params)], target, 1000, search="xgb").submit(store)
+    job = store.submit(JobRequest.build([(workload, params)], target, 1000, search="xgb"))
     row = store.tasks(job)[0]
     return row, Task.from_json(row)
 
@@ -185,7 +185,7 @@ def test_corrupt_stored_model_gives_a_warning_and_a_fresh_model(tmp_path: Path, 
     with pytest.raises(CostModelError, match="not a readable XGBoost model"):
         CostModel.from_bytes(corrupt)
     store.save_model(row["family_key"], row["id"], corrupt, ["x"], 1, 0.0)
-    with caplog.at_level(logging.WARNING, logger="farm.costmodel"):
+    with caplog.at_level(logging.WARNING, logger="farm.core.costmodel"):
         loaded = starting_model(store, row)
     assert loaded is not None and not loaded.model.trained and loaded.model_id is None
     assert "starting from a fresh model" in caplog.text and row["family_key"] in caplog.text
@@ -275,7 +275,7 @@ def test_report_plots_tuning_curves_and_summarises_rounds(tmp_path: Path) -> Non
     store = open_store(f"sqlite:///{tmp_path}/f.db")
     jobs = []
     for search in ("random", "xgb"):
-        job = JobRequest.build([("conv2d_nchw", CONV)], "llvm", 48, search=search).submit(store)
+        job = store.submit(JobRequest.build([("conv2d_nchw", CONV)], "llvm", 48, search=search))
         row = store.tasks(job)[0]
         task = Task.from_json(row)
         current = None

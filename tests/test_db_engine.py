@@ -16,7 +16,7 @@ from sqlalchemy import inspect, text
 from db.engine import make_engine
 from db.migrate import alembic_config, current, head, upgrade
 from db.models import Base
-from farm.errors import FarmError
+from farm.core.errors import FarmError
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -20,8 +20,8 @@ from db.engine import session_factory
 from db.models import WorkerRecord
 from db.store import TRIAL_COLUMNS, ResultStore, SQLResultStore, open_store
 from db.writer import NOTIFY_CHANNEL
-from farm.errors import FarmError
-from farm.measure import MeasureResult, Status
+from farm.core.errors import FarmError
+from farm.core.measure import MeasureResult, Status
 
 FAMILY = "cuda_tiled|cuda|conv2d_nchw"
 

@@ -15,8 +15,8 @@ import pytest
 
 from db.store import open_store
 from farm.client import Client
-from farm.errors import FarmError
-from farm.jobs import JobRequest
+from farm.core.errors import FarmError
+from farm.core.jobspec import JobRequest
 from scheduler.service import Scheduler
 
 pytestmark = pytest.mark.slow
@@ -29,7 +29,7 @@ def ray_local() -> Iterator[None]:
     """One local Ray instance for the in-process tests, with two logical GPUs."""
     import ray
 
-    from deploy.local_cluster import init_ray
+    from scheduler.cluster import init_ray
 
     init_ray(logical_gpus=2)
     yield
@@ -41,7 +41,7 @@ def test_two_worker_actors_share_a_job_exactly(pg_url: str, ray_local: None) -> 
     first round guides the later ones."""
     store = open_store(pg_url)
     request = JobRequest.build(SMALL, "llvm", 22, workers=2, batch_size=4, search="xgb")
-    job_id = request.submit(store)
+    job_id = store.submit(request)
     with Scheduler(store) as scheduler:
         assert store.claim_job(scheduler.id, job_id=job_id) == job_id
         assert scheduler.run_job(job_id) == "done"
@@ -50,10 +50,9 @@ def test_two_worker_actors_share_a_job_exactly(pg_url: str, ray_local: None) -> 
 
         (pool,) = scheduler._pools.values()
         ray.kill(pool._search_actors[0])
-        again = JobRequest.build([("matmul", {"M": 32, "N": 48, "K": 48})], "llvm", 8, workers=2, batch_size=4,
-                                 search="xgb").submit(store)
-        store.claim_job(scheduler.id, job_id=again)
-        assert scheduler.run_job(again) == "done"
+        again = store.submit(JobRequest.build([("matmul", {"M": 32, "N": 48, "K": 48})], "llvm", 8, workers=2,
+                                              batch_size=4, search="xgb"))
+        assert scheduler.claim_and_run(again) == "done"
         assert len(store.trials(job_id=again)) == 8
     trials = store.trials(job_id=job_id)
     assert len(trials) == 22  # the budget, exactly
@@ -74,12 +73,12 @@ def test_shard_searches_in_ray_actors_plan_as_in_process_ones(ray_local: None) -
     import numpy as np
     import ray
 
-    from farm.costmodel import CostModel, StoredModel
-    from farm.features import featurizer
-    from farm.measure import MeasureResult, Status
-    from farm.targets import parse_target
-    from farm.task import Task
-    from farm.workloads import make_workload
+    from farm.core.costmodel import CostModel, StoredModel
+    from farm.core.features import featurizer
+    from farm.core.measure import MeasureResult, Status
+    from farm.core.targets import parse_target
+    from farm.core.task import Task
+    from farm.core.workloads import make_workload
     from scheduler.ray_pool import RaySearches, SearchActor
     from scheduler.shards import LocalSearches
 
@@ -114,7 +113,7 @@ def test_shard_searches_in_ray_actors_plan_as_in_process_ones(ray_local: None) -
 
 def test_a_job_cancelled_before_it_runs_measures_nothing(pg_url: str, ray_local: None) -> None:
     store = open_store(pg_url)
-    job_id = JobRequest.build(SMALL, "llvm", 12, workers=1, batch_size=4).submit(store)
+    job_id = store.submit(JobRequest.build(SMALL, "llvm", 12, workers=1, batch_size=4))
     with Scheduler(store) as scheduler:
         store.claim_job(scheduler.id, job_id=job_id)
         store.cancel_job(job_id)  # cancelled before it ran: nothing is measured
@@ -139,7 +138,7 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 def test_two_schedulers_never_run_the_same_job(pg_url: str, tmp_path: Path) -> None:
     store = open_store(pg_url)
-    jobs = [JobRequest.build([("matmul", {"M": 16 + 8 * i, "N": 32, "K": 32})], "llvm", 6, batch_size=3).submit(store)
+    jobs = [store.submit(JobRequest.build([("matmul", {"M": 16 + 8 * i, "N": 32, "K": 32})], "llvm", 6, batch_size=3))
             for i in range(4)]
     procs = [_scheduler_process(pg_url, tmp_path / f"s{i}.log", "--once") for i in range(2)]
     try:
@@ -189,8 +188,7 @@ def test_client_against_a_scheduler_process(pg_url: str, tmp_path: Path) -> None
 def test_a_lab_device_with_only_a_stock_rpc_server_is_used_by_its_key(pg_url: str, ray_local: None,
                                                                         tmp_path: Path) -> None:
     """A board that runs TVM's own RPC server (no Ray, no farm code) measures a job that names its key."""
-    from deploy.local_cluster import LocalTracker
-    from workers.device import free_port, spawn_module, wait_for_keys
+    from workers.device import LocalTracker, free_port, spawn_module, wait_for_keys
 
     store = open_store(pg_url)
     with LocalTracker(log=tmp_path / "tracker.log") as tracker:
@@ -200,7 +198,7 @@ def test_a_lab_device_with_only_a_stock_rpc_server_is_used_by_its_key(pg_url: st
                              tmp_path / "board.log")
         try:
             wait_for_keys(tracker.address, ["lab-board"], 60, [board])
-            job_id = JobRequest.build(SMALL, "llvm", 8, batch_size=4, rpc_keys=["lab-board"]).submit(store)
+            job_id = store.submit(JobRequest.build(SMALL, "llvm", 8, batch_size=4, rpc_keys=["lab-board"]))
             with Scheduler(store, tracker=tracker.address) as scheduler:
                 store.claim_job(scheduler.id, job_id=job_id)
                 assert scheduler.run_job(job_id) == "done"
@@ -217,7 +215,7 @@ def test_embedded_client_runs_its_jobs_in_process(tmp_path: Path, monkeypatch: p
     """`Client()` with no URL: $FARM_DB (else sqlite:///farm.db), jobs run by this process."""
     monkeypatch.setenv("FARM_DB", f"sqlite:///{tmp_path}/embedded.db")
     with Client() as client:
-        assert client.embedded and client.url.endswith("embedded.db")
+        assert client.in_process and client.url.endswith("embedded.db")
         job = client.submit(SMALL, target="llvm", trials=6, batch_size=3)
         assert job.wait(progress=True, timeout=300) == "done"
         assert len(job.trials()) == 6 and job.best()

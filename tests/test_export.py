@@ -12,13 +12,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from farm.build import best_config, build
-from farm.errors import FarmError
+from farm.apply import best_config, build
+from farm.core.errors import FarmError
+from farm.core.targets import parse_target
+from farm.core.task import Task
+from farm.core.templates.base import new_schedule
+from farm.core.workloads import make_workload
 from farm.export import load, merge, validate, write_metaschedule
-from farm.targets import parse_target
-from farm.task import Task
-from farm.templates.base import new_schedule
-from farm.workloads import make_workload
 
 PARAMS = {"M": 96, "N": 64, "K": 80}
 ARGS = [f"{k}={v}" for k, v in PARAMS.items()]

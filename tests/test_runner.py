@@ -9,13 +9,12 @@ from typing import Any
 
 import pytest
 
-from deploy.local_cluster import LocalTracker
-from farm.measure import Status
-from farm.targets import parse_target
-from farm.task import Task
-from farm.workloads import make_workload
+from farm.core.measure import Status
+from farm.core.targets import parse_target
+from farm.core.task import Task
+from farm.core.workloads import make_workload
 from workers.builder import BuildResult
-from workers.device import ServerProcess, wait_for_keys
+from workers.device import LocalTracker, ServerProcess, wait_for_keys
 from workers.runner import RPCRunner
 
 pytestmark = pytest.mark.slow

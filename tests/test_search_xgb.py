@@ -10,13 +10,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from farm.costmodel import CostModel, train
-from farm.features import featurizer
-from farm.measure import MeasureResult, Status
-from farm.search import STRATEGIES, RandomSearch, XGBSearch, make_search
-from farm.targets import parse_target
-from farm.task import Task
-from farm.workloads import make_workload
+from farm.core.costmodel import CostModel, train
+from farm.core.features import featurizer
+from farm.core.measure import MeasureResult, Status
+from farm.core.search import STRATEGIES, RandomSearch, XGBSearch, make_search
+from farm.core.targets import parse_target
+from farm.core.task import Task
+from farm.core.workloads import make_workload
 
 
 def synthetic_latency(task: Task, indices: np.ndarray) -> np.ndarray:
@@ -117,7 +117,7 @@ def measure_pool(task: Task, indices: list[int]) -> dict[int, float]:
     meanwhile, so the timings are quiet)."""
     import tvm
 
-    from workers.builder import Builder
+    from workers.builder import ProcessPoolBuilder
     from workers.runner import EvaluatorConfig
 
     ev = EvaluatorConfig.for_target("llvm")
@@ -125,7 +125,7 @@ def measure_pool(task: Task, indices: list[int]) -> dict[int, float]:
     wl = task.workload
     args = [tvm.runtime.tensor(x, dev) for x in wl.random_inputs()]
     args.append(tvm.runtime.tensor(np.zeros(wl.output_shape(), wl.dtype), dev))
-    with Builder(workers=2) as builder:
+    with ProcessPoolBuilder(workers=2) as builder:
         builds = builder.build(task, indices)
         out = {}
         for b in builds:

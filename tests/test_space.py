@@ -7,11 +7,11 @@ import random
 
 import pytest
 
-from farm.errors import FarmError
-from farm.space import ChoiceKnob, ConfigSpace, SplitKnob, factorizations
-from farm.targets import parse_target
-from farm.task import Task
-from farm.workloads import make_workload
+from farm.core.errors import FarmError
+from farm.core.space import ChoiceKnob, ConfigSpace, SplitKnob, factorizations
+from farm.core.targets import parse_target
+from farm.core.task import Task
+from farm.core.workloads import make_workload
 
 
 def test_factorizations_are_exact_and_complete() -> None:

@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 import tvm
 
-from farm.space import Config
-from farm.targets import TargetSpec, parse_target
-from farm.templates import TEMPLATES, Template, get_template
-from farm.templates.base import new_schedule
-from farm.templates.verify import verify_gpu
-from farm.workloads import PRESETS, Workload, make_workload
+from farm.core.space import Config
+from farm.core.targets import TargetSpec, parse_target
+from farm.core.templates import TEMPLATES, Template, get_template
+from farm.core.templates.base import new_schedule
+from farm.core.templates.verify import verify_gpu
+from farm.core.workloads import PRESETS, Workload, make_workload
 
 LLVM = parse_target("llvm")
 CUDA = parse_target("cuda")
@@ -169,7 +169,7 @@ def test_llvm_spaces_are_thousands_to_hundreds_of_thousands(preset: str) -> None
 
 
 def test_every_workload_has_a_template_per_kind() -> None:
-    from farm.workloads import WORKLOADS
+    from farm.core.workloads import WORKLOADS
 
     for name in WORKLOADS:
         assert get_template(name, "llvm").name == "llvm.tiled"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from farm.errors import FarmError
-from farm.workloads import PRESETS, WORKLOADS, make_workload, parse_assignments
+from farm.core.errors import FarmError
+from farm.core.workloads import PRESETS, WORKLOADS, make_workload, parse_assignments
 
 
 def test_presets_match_design() -> None:

@@ -9,6 +9,8 @@ beside the library; our RPC server (workers.rpc_server) hands that cubin to the 
 instead of compiling. TVM's GPU-code verification (threads, shared memory, vthreads) runs
 on the lowered module before any of that.
 
+`Builder` is the seam a Worker builds through (its contract below); `ProcessPoolBuilder`,
+compiling in a pool of spawned processes on this node, is the implementation.
 Every failure is data: a `BuildResult` with a status, never an exception out of `build`.
 A build that hangs or crashes its process is recorded and the pool is replaced.
 """
@@ -28,11 +30,11 @@ import traceback
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from farm.errors import one_line
-from farm.measure import Status
-from farm.task import Task
+from farm.core.errors import one_line
+from farm.core.measure import Status
+from farm.core.task import Task
 
 # nvcc's ptxas report: "Used 72 registers, used 1 barriers, 2368 bytes smem"
 _PTXAS_USAGE = re.compile(r"Used (\d+) registers")
@@ -81,7 +83,7 @@ def build_one(task_json: str, index: int, out_dir: str) -> BuildResult:
         sch = task.schedule(config)
         target = task.target.tvm()
         if task.target.is_gpu:
-            from farm.templates.verify import verify_gpu
+            from farm.core.templates.verify import verify_gpu
 
             reason = verify_gpu(sch.mod, task.target)
             if reason:
@@ -169,8 +171,28 @@ def _init_pool_process() -> None:
     os.environ.setdefault("TVM_NUM_THREADS", "1")
 
 
-class Builder:
-    """Builds batches of candidates in a process pool.
+class Builder(Protocol):
+    """Compiles candidates of a task into libraries a Runner can load.
+
+    Contract: `build(task, indices)` returns one BuildResult per index, in order, and never
+    raises for a candidate's failure (compile error, invalid config, timeout, crash: each is
+    a BuildResult with its status). `submit` is `build` in the background. `workers` is how
+    many candidates it compiles at once (callers size their chunks by it). Thread-safe;
+    `close()` releases its processes and artifacts.
+    """
+
+    @property
+    def workers(self) -> int: ...
+
+    def submit(self, task: Task, indices: list[int]) -> cf.Future[list[BuildResult]]: ...
+
+    def build(self, task: Task, indices: list[int]) -> list[BuildResult]: ...
+
+    def close(self) -> None: ...
+
+
+class ProcessPoolBuilder:
+    """The Builder of this node: batches of candidates compiled in a process pool.
 
     `build(task, indices)` returns one BuildResult per index, in order, never raising for a
     candidate's failure. A candidate exceeding `timeout` seconds is recorded as TIMEOUT; a
@@ -180,10 +202,14 @@ class Builder:
     """
 
     def __init__(self, workers: int | None = None, timeout: float = 60.0) -> None:
-        self.workers = workers or max(1, (os.cpu_count() or 2))
+        self._workers = workers or max(1, (os.cpu_count() or 2))
         self.timeout = timeout
         self.dir = tempfile.mkdtemp(prefix="farm-build-")
         self._pool: cf.ProcessPoolExecutor | None = None
+
+    @property
+    def workers(self) -> int:
+        return self._workers
 
     def _executor(self) -> cf.ProcessPoolExecutor:
         if self._pool is None:
@@ -251,7 +277,7 @@ class Builder:
         self._reset()
         shutil.rmtree(self.dir, ignore_errors=True)
 
-    def __enter__(self) -> Builder:
+    def __enter__(self) -> ProcessPoolBuilder:
         return self
 
     def __exit__(self, *exc: object) -> None:

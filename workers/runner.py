@@ -1,5 +1,8 @@
 """The measure stage: built candidates run on a device through TVM RPC.
 
+`Runner` is the seam a Worker measures through (its contract below); `RPCRunner` is the
+implementation.
+
 `RPCRunner` keeps one RPC session open across candidates (stock MetaSchedule opens one per
 candidate: 4.4 s each on an H200, mostly spawning the session process), uploads each task's
 inputs once per session, and for every candidate: uploads the library (and its prebuilt
@@ -27,13 +30,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from farm.errors import one_line
-from farm.measure import MeasureResult, Status
-from farm.task import Task
+from farm.core.errors import one_line
+from farm.core.measure import MeasureResult, Status
+from farm.core.task import Task
 from workers.builder import BuildResult
 
 log = logging.getLogger("farm.runner")
@@ -52,6 +55,21 @@ class EvaluatorConfig:
     def for_target(cls, kind: str) -> EvaluatorConfig:
         # CPU kernels are slow and the CI machine has 2 cores: fewer, shorter timings.
         return cls(number=3, repeat=3, min_repeat_ms=10) if kind == "llvm" else cls()
+
+
+class Runner(Protocol):
+    """Runs built candidates on one device and says how each went.
+
+    Contract: `measure(task, builds)` returns one MeasureResult per build, in order, and never
+    raises for a candidate's failure: a build failure passes through with its status; a launch
+    error, crash, hang or wrong output becomes a result with its status and error text; a
+    correct kernel gets status ok and every repeat's time. Only one `measure` runs at a time
+    per device (the Worker serialises them). `close()` releases the device session.
+    """
+
+    def measure(self, task: Task, builds: list[BuildResult]) -> list[MeasureResult]: ...
+
+    def close(self) -> None: ...
 
 
 class _Session:

@@ -1,10 +1,10 @@
-"""A worker: one device's build pool and RPC runner, pipelined so the device never waits.
+"""A worker: one device's builder and runner, pipelined so the device never waits.
 
-`Worker.process(task, indices)` builds the candidates in chunks on this node's CPUs and
-measures each chunk on the device while the next chunk compiles. It is thread-safe: two
-batches processed at once compile concurrently, but only one measures at a time (a shared
-device would distort both timings). The same class runs in-process (the embedded
-`farm tune`) and inside a Ray actor.
+`Worker.process(task, indices)` builds the candidates in chunks (workers.builder.Builder) and
+measures each chunk on the device (workers.runner.Runner) while the next chunk compiles. It is
+thread-safe: two batches processed at once compile concurrently, but only one measures at a
+time (a shared device would distort both timings). The same class runs inside a Ray worker
+actor (scheduler.ray_pool) and in this process (scheduler.local_pool).
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from farm.measure import MeasureResult
-from farm.task import Task
-from workers.builder import Builder
-from workers.runner import EvaluatorConfig, RPCRunner
+from farm.core.measure import MeasureResult
+from farm.core.task import Task
+from workers.builder import Builder, ProcessPoolBuilder
+from workers.runner import EvaluatorConfig, RPCRunner, Runner
 
 
 @dataclass(frozen=True)
@@ -40,15 +40,20 @@ class WorkerConfig:
 class Worker:
     """Builds and measures batches of one task's candidates on one device."""
 
-    def __init__(self, config: WorkerConfig, on_hang: Callable[[], None] | None = None) -> None:
-        self.config = config
-        self.builder = Builder(config.build_workers, config.build_timeout)
-        self.runner = RPCRunner(
-            config.tracker, config.key, config.kind, config.evaluator,
-            timeout=config.run_timeout, session_timeout=config.session_timeout, on_hang=on_hang,
-        )
+    def __init__(self, name: str, builder: Builder, runner: Runner) -> None:
+        """The worker owns `builder` and `runner` from now on (`close` closes them)."""
+        self.name, self.builder, self.runner = name, builder, runner
         self.busy_seconds = 0.0  # time spent measuring (device busy), for utilisation metrics
         self._device = threading.Lock()
+
+    @classmethod
+    def create(cls, config: WorkerConfig, on_hang: Callable[[], None] | None = None) -> Worker:
+        """The farm's worker: a process-pool builder on this node and an RPC runner on the device
+        registered under `config.key`; `on_hang` restarts that device's server after a hang."""
+        builder = ProcessPoolBuilder(config.build_workers, config.build_timeout)
+        runner = RPCRunner(config.tracker, config.key, config.kind, config.evaluator, timeout=config.run_timeout,
+                           session_timeout=config.session_timeout, on_hang=on_hang)
+        return cls(config.name, builder, runner)
 
     def process(self, task: Task, indices: list[int], shard: int = 0, round_: int = 0) -> list[MeasureResult]:
         """Build and measure `indices`; one result per index, in order."""
@@ -66,7 +71,7 @@ class Worker:
                 measured = self.runner.measure(task, builds)
                 self.busy_seconds += time.perf_counter() - start
             for r in measured:
-                r.worker, r.shard, r.round = self.config.name, shard, round_
+                r.worker, r.shard, r.round = self.name, shard, round_
             results.extend(measured)
         return results
 

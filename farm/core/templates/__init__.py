@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from farm.errors import FarmError
-from farm.templates.base import Template
-from farm.templates.cuda_depthwise import CudaDepthwise
-from farm.templates.cuda_pool import CudaPool
-from farm.templates.cuda_tiled import CudaTiled
-from farm.templates.llvm_tiled import LlvmTiled
+from farm.core.errors import FarmError
+from farm.core.templates.base import Template
+from farm.core.templates.cuda_depthwise import CudaDepthwise
+from farm.core.templates.cuda_pool import CudaPool
+from farm.core.templates.cuda_tiled import CudaTiled
+from farm.core.templates.llvm_tiled import LlvmTiled
 
 TEMPLATES: list[Template] = [CudaTiled(), CudaDepthwise(), CudaPool(), LlvmTiled()]
 

@@ -7,10 +7,10 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from farm.space import Config, ConfigSpace
-from farm.targets import TargetSpec, parse_target
-from farm.templates import Template, get_template
-from farm.workloads import Workload, workload_from_json
+from farm.core.space import Config, ConfigSpace
+from farm.core.targets import TargetSpec, parse_target
+from farm.core.templates import Template, get_template
+from farm.core.workloads import Workload, workload_from_json
 
 
 @dataclass(frozen=True)

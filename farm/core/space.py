@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from farm.errors import FarmError
+from farm.core.errors import FarmError
 
 KnobValue = Any  # a tuple of ints for a split, a JSON scalar for a choice
 

@@ -7,7 +7,7 @@ Contract for every strategy:
 - `observe(results)` feeds back measurements (the model-guided search learns from them).
 - Strategies are cheap to construct and are created per shard with a seed, so a run is
   reproducible given its seed.
-- `set_model(model)` hands a strategy the cost model retrained after each round (farm.costmodel);
+- `set_model(model)` hands a strategy the cost model retrained after each round (farm.core.costmodel);
   every strategy takes it, model-free ones ignore it.
 """
 
@@ -22,14 +22,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from farm.errors import FarmError
-from farm.features import Featurizer, featurizer
-from farm.measure import MeasureResult
-from farm.space import Knob, Shard, SplitKnob
-from farm.task import Task
+from farm.core.errors import FarmError
+from farm.core.features import Featurizer, featurizer
+from farm.core.measure import MeasureResult
+from farm.core.space import Knob, Shard, SplitKnob
+from farm.core.task import Task
 
 if TYPE_CHECKING:
-    from farm.costmodel import CostModel
+    from farm.core.costmodel import CostModel
 
 # Random proposals that fail the validity check before a shard counts as exhausted.
 _MAX_REJECTS = 20_000
@@ -338,10 +338,14 @@ def _primes(n: int) -> list[int]:
 STRATEGIES: dict[str, type[SearchStrategy]] = {s.name: s for s in (RandomSearch, GridSearch, XGBSearch)}
 
 
+def search_class(name: str) -> type[SearchStrategy]:
+    """The strategy called `name`; FarmError for an unknown name (the one check of search names)."""
+    try:
+        return STRATEGIES[name]
+    except (KeyError, TypeError):
+        raise FarmError(f"unknown search {name!r}; choose one of {', '.join(STRATEGIES)}") from None
+
+
 def make_search(name: str, task: Task, shard: Shard, seed: int = 0) -> SearchStrategy:
     """The strategy called `name` for one shard; FarmError for an unknown name."""
-    try:
-        cls = STRATEGIES[name]
-    except KeyError:
-        raise FarmError(f"unknown search {name!r}; choose one of {', '.join(STRATEGIES)}") from None
-    return cls(task, shard, seed)
+    return search_class(name)(task, shard, seed)

@@ -1,7 +1,8 @@
 """Job requests: what a user submits, validated and turned into the rows the store keeps.
 
 `farm tune`, `farm submit` and `farm.Client.submit` all go through `JobRequest`, so a job
-is checked the same way wherever it comes from, before anything is written.
+is checked the same way wherever it comes from, before anything is written. `job_row()` is
+what `ResultStore.create_job` takes; the core itself writes nothing.
 """
 
 from __future__ import annotations
@@ -10,11 +11,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from farm.errors import FarmError
-from farm.search import STRATEGIES
-from farm.targets import TargetSpec, parse_target
-from farm.task import Task
-from farm.workloads import Workload, make_workload
+from farm.core.errors import FarmError
+from farm.core.search import search_class
+from farm.core.targets import TargetSpec, parse_target
+from farm.core.task import Task
+from farm.core.workloads import Workload, make_workload
 
 
 def family_key(task: Task) -> str:
@@ -37,9 +38,9 @@ class JobRequest:
     name: str = ""
 
     @classmethod
-    def build(cls, workloads: Sequence[str | Workload | tuple[str, dict[str, Any]]], target: str | dict[str, Any],
-              trials: int, *, search: str = "xgb", workers: int = 1, seed: int = 0, batch_size: int = 16,
-              rpc_keys: Sequence[str] = (), name: str = "") -> JobRequest:
+    def build(cls, workloads: Sequence[str | Workload | tuple[str, dict[str, Any]]],
+              target: str | dict[str, Any] | TargetSpec, trials: int, *, search: str = "xgb", workers: int = 1,
+              seed: int = 0, batch_size: int = 16, rpc_keys: Sequence[str] = (), name: str = "") -> JobRequest:
         """Validate everything (raises FarmError with one clear line) and return the request.
 
         A workload is a Workload, a preset or workload name, or (name, {param: value}).
@@ -54,8 +55,7 @@ class JobRequest:
                 raise FarmError(f"{what} must be a positive integer, got {value!r}")
         if trials < len(wls):
             raise FarmError(f"{trials} trials cannot cover {len(wls)} workloads: give at least one each")
-        if search not in STRATEGIES:
-            raise FarmError(f"unknown search {search!r}; choose one of {', '.join(STRATEGIES)}")
+        search_class(search)
         request = cls(wls, spec, trials, search, workers, seed, batch_size, list(rpc_keys),
                       name or ("tune " + ", ".join(str(w) for w in wls))[:200])
         for task in request.tasks:
@@ -83,7 +83,7 @@ class JobRequest:
             "family_key": family_key(t),
         } for i, t in enumerate(self.tasks)]
 
-    def submit(self, store: Any) -> int:
-        """Create the job (queued) and its tasks in the store; returns the job id."""
-        return store.create_job(name=self.name, spec=self.spec(), trials_budget=self.trials,
-                                search=self.search, tasks=self.task_rows())
+    def job_row(self) -> dict[str, Any]:
+        """The keyword arguments of `ResultStore.create_job` that queue this job and its tasks."""
+        return {"name": self.name, "spec": self.spec(), "trials_budget": self.trials, "search": self.search,
+                "tasks": self.task_rows()}

@@ -24,18 +24,18 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from farm.space import ChoiceKnob, Config, ConfigSpace, SplitKnob
-from farm.targets import TargetSpec
-from farm.templates.base import (
+from farm.core.space import ChoiceKnob, Config, ConfigSpace, SplitKnob
+from farm.core.targets import TargetSpec
+from farm.core.templates.base import (
     Template,
     annotate_unroll,
-    compute_extents,
+    axis_extents,
     has_block,
     new_schedule,
 )
-from farm.workloads import Workload
+from farm.core.workloads import Workload
 
-# Loop names of the `compute` block, spatial then reduction (see farm.workloads).
+# Loop names of the `compute` block, spatial then reduction (see farm.core.workloads).
 _CONV = ("n", "f", "y", "x"), ("rc", "ry", "rx")
 _WINDOW = ("n", "c", "y", "x"), ("ry", "rx")
 _AXES = {
@@ -55,7 +55,7 @@ class LlvmTiled(Template):
 
     def space(self, wl: Workload, target: TargetSpec) -> ConfigSpace:
         spatial, reduce = _AXES[wl.name]
-        extents = dict(zip(spatial + reduce, compute_extents(wl), strict=True))
+        extents = axis_extents(wl, spatial + reduce)
         tiled = [a for a in spatial + reduce if a != _UNTILED]
         return ConfigSpace([
             *[SplitKnob(f"tile_{a}", extents[a], 2) for a in tiled],

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from farm.errors import FarmError
+from farm.core.errors import FarmError
 
 DTYPES = ("float32", "float16")
 
@@ -112,6 +112,12 @@ class Workload:
 
     def build_te(self) -> list[Any]:
         return self.definition.build_te(self.p)
+
+    def prim_func(self) -> Any:
+        """The kernel as a TVM PrimFunc (what templates schedule and MetaSchedule databases key on)."""
+        from tvm import te
+
+        return te.create_prim_func(self.build_te())
 
     def flops(self) -> int:
         return self.definition.flops(self.p)

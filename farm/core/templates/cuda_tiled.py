@@ -16,21 +16,22 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from farm.space import ChoiceKnob, Config, ConfigSpace, SplitKnob
-from farm.targets import TargetSpec
-from farm.templates.base import (
+from farm.core.space import ChoiceKnob, Config, ConfigSpace, SplitKnob
+from farm.core.targets import TargetSpec
+from farm.core.templates.base import (
     CUDA_MAX_BLOCK_DIM,
     Template,
     annotate_unroll,
-    compute_extents,
+    axis_extents,
     cooperative_fetch,
     dtype_bytes,
     new_schedule,
     prod,
+    shared_memory_error,
 )
-from farm.workloads import Workload
+from farm.core.workloads import Workload
 
-# Loop names of the `compute` block, spatial then reduction (see farm.workloads).
+# Loop names of the `compute` block, spatial then reduction (see farm.core.workloads).
 _CONV_AXES = ("n", "f", "y", "x"), ("rc", "ry", "rx")
 _AXES = {
     "conv2d_nchw": _CONV_AXES,
@@ -53,7 +54,7 @@ class CudaTiled(Template):
 
     def space(self, wl: Workload, target: TargetSpec) -> ConfigSpace:
         spatial, reduce = _AXES[wl.name]
-        extents = dict(zip(spatial + reduce, compute_extents(wl), strict=True))
+        extents = axis_extents(wl, spatial + reduce)
         return ConfigSpace(
             [SplitKnob(f"tile_{a}", extents[a], 4) for a in spatial]
             + [SplitKnob(f"tile_{a}", extents[a], 3) for a in reduce]
@@ -72,10 +73,7 @@ class CudaTiled(Template):
         vthreads = prod(config[f"tile_{a}"][1] for a in spatial)
         if vthreads > target.max_vthreads:
             return f"{vthreads} vthreads > {target.max_vthreads}"
-        smem = _shared_bytes(wl, config)
-        if smem > target.limit("max_shared_memory_per_block"):
-            return f"{smem} bytes of shared memory > {target.limit('max_shared_memory_per_block')}"
-        return None
+        return shared_memory_error(_shared_bytes(wl, config), target)
 
     def schedule(self, wl: Workload, target: TargetSpec, config: Config) -> Any:
         spatial, reduce = _AXES[wl.name]

@@ -3,7 +3,7 @@
 A `Featurizer` is built once per task (it analyses the workload's TE definition, a few ms) and
 then turns config indices, or the knob values stored with trials, into a float32 matrix whose
 columns have stable names, so one model serves every shape of a family (same template and
-target kind; `farm.costmodel.family_key`). Columns by prefix:
+target kind; `farm.core.costmodel.family_key`). Columns by prefix:
 
 - ``wl.*``: the workload's parameters (log2(1 + value); a choice by its position), log2 of its
   FLOPs and compulsory bytes; ``axis.*``: log2 of the compute stage's loop extents. Constant
@@ -39,9 +39,9 @@ from typing import Any
 
 import numpy as np
 
-from farm.space import ChoiceKnob, Knob, SplitKnob
-from farm.task import Task
-from farm.workloads import Workload
+from farm.core.space import ChoiceKnob, Knob, SplitKnob
+from farm.core.task import Task
+from farm.core.workloads import Workload
 
 # What each position of a split means, outermost first, per template and kind of axis. Only names:
 # a template missing here (or a split of another length) gets positional names (``p0of3``...).

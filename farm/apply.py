@@ -14,11 +14,11 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from farm.core.space import Config
+from farm.core.targets import TargetSpec, parse_target
+from farm.core.task import Task
+from farm.core.workloads import Workload, make_workload
 from farm.export import load
-from farm.space import Config
-from farm.targets import TargetSpec, parse_target
-from farm.task import Task
-from farm.workloads import Workload, make_workload
 
 
 def default_config(task: Task) -> Config:

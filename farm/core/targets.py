@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from farm.errors import FarmError
+from farm.core.errors import FarmError
 
 # The fleet's GPUs are Hopper (H100/H200); a `cuda` target without an arch means sm_90.
 DEFAULT_CUDA: dict[str, Any] = {

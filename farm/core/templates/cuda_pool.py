@@ -19,16 +19,16 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from farm.space import ChoiceKnob, Config, ConfigSpace, Knob
-from farm.targets import TargetSpec
-from farm.templates.base import (
+from farm.core.space import ChoiceKnob, Config, ConfigSpace, Knob
+from farm.core.targets import TargetSpec
+from farm.core.templates.base import (
     Template,
     annotate_unroll,
     has_block,
     new_schedule,
     split_skipping_units,
 )
-from farm.workloads import Workload
+from farm.core.workloads import Workload
 
 
 class CudaPool(Template):

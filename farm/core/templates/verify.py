@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from farm.targets import TargetSpec
-from farm.templates.base import CUDA_MAX_BLOCK_DIM, CUDA_MAX_GRID_DIM
+from farm.core.targets import TargetSpec
+from farm.core.templates.base import CUDA_MAX_BLOCK_DIM, CUDA_MAX_GRID_DIM
 
 
 def lower(mod: Any, target: TargetSpec) -> Any:

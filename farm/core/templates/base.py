@@ -18,9 +18,9 @@ from collections.abc import Sequence
 from functools import cached_property
 from typing import Any, ClassVar
 
-from farm.space import Config, ConfigSpace
-from farm.targets import TargetSpec
-from farm.workloads import Workload
+from farm.core.space import Config, ConfigSpace
+from farm.core.targets import TargetSpec
+from farm.core.workloads import Workload
 
 # CUDA's limits on each dimension of a thread block and of the grid (compute capability >= 3.0).
 CUDA_MAX_BLOCK_DIM = {"x": 1024, "y": 1024, "z": 64}
@@ -55,12 +55,22 @@ class Template(ABC):
 
 
 def new_schedule(wl: Workload) -> Any:
-    """A fresh schedule of the workload's TE definition (stage names per farm.workloads)."""
+    """A fresh schedule of the workload's TE definition (stage names per farm.core.workloads)."""
     import tvm
-    from tvm import s_tir, te
+    from tvm import s_tir
 
-    func = te.create_prim_func(wl.build_te())
-    return s_tir.Schedule(tvm.IRModule({"main": func}))
+    return s_tir.Schedule(tvm.IRModule({"main": wl.prim_func()}))
+
+
+def shared_memory_error(smem: int, target: TargetSpec) -> str | None:
+    """Why `smem` bytes of shared memory per block cannot launch on `target`, None if they can."""
+    limit = target.limit("max_shared_memory_per_block")
+    return f"{smem} bytes of shared memory > {limit}" if smem > limit else None
+
+
+def axis_extents(wl: Workload, axes: Sequence[str]) -> dict[str, int]:
+    """The extents of the workload's compute axes (compute_extents), keyed by `axes`' names."""
+    return dict(zip(axes, compute_extents(wl), strict=True))
 
 
 def has_block(sch: Any, name: str) -> bool:

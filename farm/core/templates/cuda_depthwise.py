@@ -15,7 +15,7 @@ tvm-depthwise-conv2d-gpu-blog.txt), widened into a tuning space like its AutoTVM
   (reduce_inside=0); `cache_output`: accumulate in registers and write each output once;
 - `auto_unroll_max_step` in {0, 256, 1500} and `unroll_explicit` in {0, 1}, as TOPI's schedule.
 
-Unit loops are not created (farm.templates.base.split_skipping_units), so the config
+Unit loops are not created (farm.core.templates.base.split_skipping_units), so the config
 tile_y=(1, 16, 1), tile_x=(2, 16, 1), fuse_blocks=1, tile_ry=(7, 1), tile_rx=(7, 1), no caching,
 no unrolling produces exactly the blog's v4 module for its 3x4x16x32, 7x7 case.
 """
@@ -24,9 +24,9 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from farm.space import ChoiceKnob, Config, ConfigSpace, SplitKnob
-from farm.targets import TargetSpec
-from farm.templates.base import (
+from farm.core.space import ChoiceKnob, Config, ConfigSpace, SplitKnob
+from farm.core.targets import TargetSpec
+from farm.core.templates.base import (
     CUDA_MAX_GRID_DIM,
     Template,
     annotate_unroll,
@@ -36,9 +36,10 @@ from farm.templates.base import (
     has_block,
     new_schedule,
     prod,
+    shared_memory_error,
     split_skipping_units,
 )
-from farm.workloads import Workload
+from farm.core.workloads import Workload
 
 
 class CudaDepthwise(Template):
@@ -69,10 +70,7 @@ class CudaDepthwise(Template):
         for dim, extent in grid.items():
             if extent > CUDA_MAX_GRID_DIM[dim]:
                 return f"blockIdx.{dim} extent {extent} > {CUDA_MAX_GRID_DIM[dim]}"
-        smem = _shared_bytes(wl, config)
-        if smem > target.limit("max_shared_memory_per_block"):
-            return f"{smem} bytes of shared memory > {target.limit('max_shared_memory_per_block')}"
-        return None
+        return shared_memory_error(_shared_bytes(wl, config), target)
 
     def schedule(self, wl: Workload, target: TargetSpec, config: Config) -> Any:
         sch = new_schedule(wl)

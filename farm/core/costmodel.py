@@ -1,7 +1,7 @@
 """The shared XGBoost cost model: ranks configs of a task by predicted speed.
 
-One model per family (template + target kind + workload name, farm.jobs.family_key), trained on every
-measured trial of the family's tasks, whatever their shape: the features (farm.features) carry
+One model per family (template + target kind + workload name, farm.core.jobspec.family_key), trained on every
+measured trial of the family's tasks, whatever their shape: the features (farm.core.features) carry
 the shape, and the labels are ranked within a shape only. So a model trained on some shapes
 ranks the configs of a shape it never saw (transfer, `farm predict`).
 
@@ -25,18 +25,18 @@ import struct
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import pandas as pd
 
-from farm.errors import FarmError
-from farm.features import featurizer
-from farm.measure import MeasureResult
-from farm.task import Task
-from farm.workloads import workload_from_json
+from farm.core.errors import FarmError
+from farm.core.features import featurizer
+from farm.core.measure import MeasureResult
+from farm.core.task import Task
+from farm.core.workloads import workload_from_json
 
-log = logging.getLogger("farm.costmodel")
+log = logging.getLogger("farm.core.costmodel")
 
 # Chosen on measured llvm samples (docs/benchmarks/costmodel.md, bench/costmodel_features.py).
 XGB_PARAMS: dict[str, Any] = {
@@ -200,8 +200,15 @@ class StoredModel:
     model_id: int | None
 
 
-def load_model(store: Any, family: str) -> StoredModel | None:
-    """The family's newest model from `store` (a db.store.ResultStore), None if it has none.
+class ModelSource(Protocol):
+    """Where stored models are read from (db.store.ResultStore is one; the core imports no storage)."""
+
+    def latest_model(self, family_key: str) -> dict[str, Any] | None:
+        """The family's newest model row (`id`, `version`, `model` bytes, ...), None if none."""
+
+
+def load_model(store: ModelSource, family: str) -> StoredModel | None:
+    """The family's newest model from `store`, None if it has none.
 
     A stored model that cannot be read is logged as a warning and replaced by a fresh,
     untrained model (model_id None): tuning goes on, and the next retrain saves a good one.

@@ -35,7 +35,7 @@ class MeasureResult:
 
     @property
     def ok(self) -> bool:
-        return self.status is Status.OK
+        return self.status == Status.OK  # also when the status came back as a plain string
 
     @property
     def latency(self) -> float | None:

@@ -1,0 +1,81 @@
+"""A WorkerPool in this process: each worker's batches run in threads of the scheduler's process.
+
+It runs the real tuning loop (scheduler.tuner.run_job) without a Ray cluster. Its workers are
+anything with the worker's `process`/`close` (a workers.device.LocalDevice, or a caller's own,
+such as the benchmarks' memoising device); the shards' searches are objects of this process
+(scheduler.shards.LocalSearches).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Protocol
+
+from farm.core.measure import MeasureResult
+from farm.core.task import Task
+from scheduler.pool import QUEUE_DEPTH
+from scheduler.shards import LocalSearches
+from workers.device import LocalDevice, LocalTracker
+
+
+class BatchWorker(Protocol):
+    """What a LocalWorkerPool runs batches on (workers.worker.Worker's contract)."""
+
+    def process(self, task: Task, indices: list[int], shard: int = 0, round_: int = 0) -> list[MeasureResult]: ...
+
+    def close(self) -> None: ...
+
+
+class LocalWorkerPool:
+    """`workers` measuring in this process; the pool owns them (and `tracker`) and closes them."""
+
+    def __init__(self, workers: Sequence[BatchWorker], tracker: LocalTracker | None = None) -> None:
+        self.workers = list(workers)
+        self.tracker = tracker
+        self._threads = cf.ThreadPoolExecutor(len(self.workers) * QUEUE_DEPTH, thread_name_prefix="farm-worker")
+
+    @classmethod
+    def on_this_machine(cls, kind: str, count: int = 1, rpc_keys: Sequence[str] = (),
+                        tracker: tuple[str, int] | None = None, build_workers: int | None = None,
+                        log_dir: Path | None = None) -> LocalWorkerPool:
+        """`count` devices of this machine (GPU i for the i-th with cuda), or one worker per
+        entry of `rpc_keys` (servers someone else runs), registered with `tracker` (one is
+        started here when None)."""
+        own = None if tracker is not None else LocalTracker(log=log_dir / "tracker.log" if log_dir else None).start()
+        address = tracker or own.address  # type: ignore[union-attr]
+        devices: list[LocalDevice] = []
+        try:
+            if rpc_keys:
+                devices = [LocalDevice(kind, f"local-{i}", address, key=k, own_server=False,
+                                       build_workers=build_workers).start() for i, k in enumerate(rpc_keys)]
+            else:
+                devices = [LocalDevice(kind, f"local-{i}", address, gpu=str(i), build_workers=build_workers,
+                                       log_dir=log_dir).start() for i in range(count)]
+        except BaseException:
+            for d in devices:
+                d.close()
+            if own is not None:
+                own.stop()
+            raise
+        return cls(devices, own)
+
+    @property
+    def size(self) -> int:
+        return len(self.workers)
+
+    def submit(self, worker: int, task: Task, indices: list[int], shard: int,
+               round_: int) -> cf.Future[list[MeasureResult]]:
+        return self._threads.submit(self.workers[worker].process, task, indices, shard, round_)
+
+    def searches(self, search: str, task: Task, seed: int, measured: Iterable[int]) -> LocalSearches:
+        return LocalSearches(search, task, seed, self.size, measured)
+
+    def close(self) -> None:
+        self._threads.shutdown(wait=True, cancel_futures=True)
+        for w in self.workers:
+            w.close()
+        self.workers.clear()
+        if self.tracker is not None:
+            self.tracker.stop()
