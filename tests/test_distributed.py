@@ -222,3 +222,16 @@ def test_embedded_client_runs_its_jobs_in_process(tmp_path: Path, monkeypatch: p
         with pytest.raises(FarmError, match="unknown workload"):
             client.submit(["conv3d"], trials=4)
     assert len(open_store(f"sqlite:///{tmp_path}/embedded.db").jobs()) == 1  # the bad job wrote nothing
+
+
+def test_in_process_pool_runs_the_real_loop_without_ray(pg_url: str) -> None:
+    """The in-process WorkerPool (scheduler.local_pool): two devices of this machine, each its own
+    RPC server, the job's exact budget shared between them through the same lifecycle and loop."""
+    from scheduler.local_pool import LocalWorkerPool
+
+    with Client(pg_url, in_process=True, pool_factory=LocalWorkerPool.on_this_machine) as client:
+        job = client.submit(SMALL, target="llvm", trials=12, workers=2, batch_size=3)
+        assert job.wait(progress=False, timeout=300) == "done"
+        trials = job.trials()
+    assert len(trials) == 12 and trials["config_index"].is_unique
+    assert set(trials["worker"]) == {"local-0", "local-1"}
