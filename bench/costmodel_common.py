@@ -149,14 +149,15 @@ def timed(command: list[str], log: Path) -> float:
 
 
 def farm_tune(workload: str, params: list[str], target: str, trials: int, search: str, seed: int, out: Path,
-              name: str) -> tuple[float, Path]:
+              name: str, extra: Sequence[str] = ()) -> tuple[float, Path]:
     """`python -m farm tune` on the embedded defaults into the new SQLite store OUT/NAME.db, exporting
-    OUT/NAME-best.json; (wall seconds of the whole process, the store's path)."""
+    OUT/NAME-best.json, with `extra` options; (wall seconds of the whole process, the store's path)."""
     db = out / f"{name}.db"
     db.unlink(missing_ok=True)
     seconds = timed([sys.executable, "-m", "farm", "tune", workload, *params, "--target", target, "--trials",
                      str(trials), "--search", search, "--seed", str(seed), "--db", f"sqlite:///{db}", "--export",
-                     str(out / f"{name}-best.json"), "--log-dir", str(out / f"logs-{name}")], out / f"{name}.log")
+                     str(out / f"{name}-best.json"), "--log-dir", str(out / f"logs-{name}"), *extra],
+                    out / f"{name}.log")
     return seconds, db
 
 

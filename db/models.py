@@ -158,6 +158,8 @@ class TrialRecord(Base):
     worker: Mapped[str] = mapped_column(String(200), default="")
     shard: Mapped[int] = mapped_column(Integer, default=0)
     round: Mapped[int] = mapped_column(Integer, default=0)
+    # farm.core.measure.MeasureResult.timeline: epoch seconds of build and measurement steps
+    timeline: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 

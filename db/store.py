@@ -74,6 +74,7 @@ TRIAL_COLUMNS = (
     "worker",
     "shard",
     "round",
+    "timeline",
     "created_at",
 )
 _FINISHED = (JobStatus.DONE, JobStatus.FAILED, JobStatus.CANCELLED)

@@ -40,6 +40,7 @@ def trial_row(task_id: int, result: MeasureResult, created_at: datetime) -> dict
         "worker": result.worker,
         "shard": int(result.shard),
         "round": int(result.round),
+        "timeline": result.timeline or None,
         "created_at": created_at,
     }
 

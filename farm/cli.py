@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from farm.core.errors import FarmError, require_folder_of
+from farm.progress import make_console
 
 if TYPE_CHECKING:
     from db.store import ResultStore
@@ -27,8 +27,8 @@ app = typer.Typer(
     "store every measurement, export the best configs to your builds.\n\n"
     "Start with `farm workloads`, then e.g. `farm tune resnet-last-conv --target llvm --trials 64`.",
 )
-console = Console(stderr=True)
-out = Console()
+console = make_console(stderr=True)
+out = make_console()
 
 DbOption = Annotated[str | None, typer.Option(
     "--db", help="Database URL (sqlite:///FILE or postgresql://USER@HOST/DB). "
@@ -242,10 +242,12 @@ def status(
         out.print(f"  task {task['id']} {task['workload']['name']} {task['workload']['params']}: "
                   f"{task['trials']}/{task['budget']} trials ({counts}), best {best}, "
                   f"{len(task['rounds'])} rounds")
-    if any(task["rounds"] for task in doc["tasks"]):
-        from farm.report import rounds_summary
+    from farm.report import rounds_summary, utilisation
 
-        out.print(rounds_summary(store, job))
+    if doc["trials"]:
+        out.print(f"  {utilisation(store, job).summary()}", markup=False, highlight=False)
+    if any(task["rounds"] for task in doc["tasks"]):
+        out.print(rounds_summary(store, job), markup=False, highlight=False)
 
 
 @app.command()
@@ -399,17 +401,27 @@ def predict(
 def report(
     jobs: Annotated[list[int], typer.Argument(help="Job ids; several jobs draw one line each, to compare.")],
     output: Annotated[Path, typer.Option("-o", "--output", help="The PNG to write.")] = Path("curve.png"),
+    timeline: Annotated[bool, typer.Option("--timeline", help="Draw one job's timeline instead: a lane per "
+                                           "device and per build slot, time on x, the devices' busy share.")]
+    = False,
     db: DbOption = None,
 ) -> None:
-    """Plot tuning curves (best latency against trials) and print the jobs' rounds."""
-    from farm.report import plot_tuning_curves, rounds_summary
+    """Plot tuning curves (best latency against trials) and print the jobs' rounds; or, with
+    --timeline, draw where one job's time went."""
+    from farm.report import plot_timeline, plot_tuning_curves, rounds_summary, utilisation
 
     store = _open_store(db, must_exist=True)
-    path = plot_tuning_curves(store, list(jobs), output)
-    for job in jobs:
-        out.print(f"job {job}")
-        out.print(rounds_summary(store, job))
-    out.print(f"wrote {path}")
+    if timeline:
+        if len(jobs) != 1:
+            raise FarmError("--timeline draws one job: give one job id")
+        path = plot_timeline(store, jobs[0], output)
+        out.print(utilisation(store, jobs[0]).summary(), markup=False, highlight=False)
+    else:
+        path = plot_tuning_curves(store, list(jobs), output)
+        for job in jobs:
+            out.print(f"job {job}")
+            out.print(rounds_summary(store, job), markup=False, highlight=False)
+    out.print(f"wrote {path}", markup=False)
 
 
 db_app = typer.Typer(help="The farm's database: schema migrations.", no_args_is_help=True)

@@ -9,11 +9,21 @@ log shows progress as it happens and nothing is cut to a terminal's width.
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+
+
+def make_console(stderr: bool = False) -> Console:
+    """A console for the farm's output. Away from a terminal (a pipe, a file, a CI log) rich
+    would wrap and cut at 80 columns; there nothing is wrapped or cut."""
+    stream = sys.stderr if stderr else sys.stdout
+    if stream.isatty():
+        return Console(stderr=stderr)
+    return Console(stderr=stderr, width=100_000, soft_wrap=True)
 
 
 def _best(task: dict[str, Any]) -> str:
@@ -24,7 +34,7 @@ class JobProgress:
     """Shows the progress of one job; `update` with each new status document, `close` at the end."""
 
     def __init__(self, console: Console | None = None, every: float = 10.0) -> None:
-        self.console = console or Console(stderr=True)
+        self.console = console or make_console(stderr=True)
         self.live = self.console.is_terminal
         self.every = every
         self._last_line = 0.0

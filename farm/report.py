@@ -1,15 +1,24 @@
-"""Seeing the model learn: tuning curves (`farm report`) and the rounds of a job (`farm status`).
+"""Seeing the model learn and the devices work: tuning curves and timelines (`farm report`), the
+rounds and the devices' busy share of a job (`farm status`).
 
 A tuning curve is the best latency found so far against the number of trials, one line per
 task of each job, so jobs that tuned the same workload with different searches (random, xgb)
 can be compared on one plot. The round summary lists, per task and round, the trials so far,
 the best latency, and the Spearman rank correlation of the cost model that guided the round
 with what the round measured (recorded by scheduler.retrain).
+
+A job's timeline (from each trial's MeasureResult.timeline) has one lane per worker (when it
+measured, and, darker, when it was inside timed kernel runs) and one per build slot (when it
+compiled). A device's busy share is its time inside timed kernel runs (TVM's time_evaluator
+calls, the screening probe included) over the job's wall time, from the moment a scheduler
+claimed it to its end: start-up, compilation the device waits for, uploads, checks and the
+scheduler's rounds all count against it.
 """
 
 from __future__ import annotations
 
 import textwrap
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -129,3 +138,87 @@ def rounds_summary(store: ResultStore, job_id: int) -> str:
             model = "-" if r["model_id"] is None else str(r["model_id"])
             lines.append(f"  {r['round']:>5} {r['trials']:>7} {best:>10} {corr:>9} {model:>6}")
     return "\n".join(lines)
+
+
+@dataclass
+class Utilisation:
+    """Where a job's wall time went: `wall_seconds` from its claim to its end (or now),
+    `busy_seconds` inside timed kernel runs per worker, `first_trial_seconds` from its claim
+    to its first stored trial, and every built candidate's build seconds."""
+
+    wall_seconds: float
+    busy_seconds: dict[str, float]
+    first_trial_seconds: float | None
+    build_seconds: list[float]
+
+    @property
+    def busy_share(self) -> dict[str, float]:
+        return {w: b / self.wall_seconds for w, b in self.busy_seconds.items()} if self.wall_seconds > 0 else {}
+
+    def summary(self) -> str:
+        """One line: busy share per worker, first trial, build seconds."""
+        busy = ", ".join(f"{w} {share:.0%}" for w, share in sorted(self.busy_share.items())) or "none yet"
+        first = "-" if self.first_trial_seconds is None else f"{self.first_trial_seconds:.1f} s"
+        builds = np.array(self.build_seconds)
+        build = f"{builds.mean():.2f} s mean, {np.percentile(builds, 95):.2f} s p95" if len(builds) else "-"
+        return f"devices busy (in timed runs) {busy} of {self.wall_seconds:.0f} s; first trial after {first}; " \
+               f"builds {build}"
+
+
+def utilisation(store: ResultStore, job_id: int) -> Utilisation:
+    """The job's Utilisation (see the module docstring). FarmError for an unknown job."""
+    job = _job(store, job_id)
+    trials = store.trials(job_id=job_id)
+    start = job["started_at"].timestamp() if job["started_at"] else None
+    end = job["finished_at"].timestamp() if job["finished_at"] else time.time()
+    busy: dict[str, float] = {}
+    builds = []
+    for worker, timeline in zip(trials["worker"], trials["timeline"], strict=True):
+        timeline = timeline or {}
+        busy[worker] = busy.get(worker, 0.0) + sum(b - a for a, b in timeline.get("timed", []))
+        if "build" in timeline:
+            builds.append(timeline["build"][1] - timeline["build"][0])
+    first = None
+    if start is not None and len(trials):
+        first = trials["created_at"].min().timestamp() - start
+    return Utilisation(end - start if start is not None else 0.0, busy, first, builds)
+
+
+def plot_timeline(store: ResultStore, job_id: int, output: str | Path) -> Path:
+    """Draw the job's timeline (see the module docstring) to the PNG `output`; returns its path.
+    FarmError for an unknown job, a missing folder, or a job with no timed trial yet."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = require_folder_of(output)
+    job = _job(store, job_id)
+    trials = store.trials(job_id=job_id)
+    timelines = [(w, t) for w, t in zip(trials["worker"], trials["timeline"], strict=True) if t]
+    if not timelines or job["started_at"] is None:
+        raise FarmError(f"job {job_id} has no trial with a timeline yet: nothing to draw")
+    start = job["started_at"].timestamp()
+    workers = sorted({w for w, _ in timelines})
+    slots = sorted({t["slot"] for _, t in timelines if "slot" in t})
+    lanes = [f"device {w}" for w in workers] + [f"build {s}" for s in slots]
+    fig, ax = plt.subplots(figsize=(11, 0.9 + 0.32 * len(lanes)))
+    for worker, t in timelines:
+        lane = lanes.index(f"device {worker}")
+        if "measure" in t:
+            a, b = t["measure"]
+            ax.broken_barh([(a - start, b - a)], (lane - 0.4, 0.8), color="#b8cce4")
+        ax.broken_barh([(a - start, b - a) for a, b in t.get("timed", [])], (lane - 0.4, 0.8), color="#1f4e79")
+        if "build" in t and "slot" in t:
+            a, b = t["build"]
+            ax.broken_barh([(a - start, b - a)], (lanes.index(f"build {t['slot']}") - 0.4, 0.8), color="#e6a23c")
+    use = utilisation(store, job_id)
+    ax.set_yticks(range(len(lanes)), lanes, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlim(0, use.wall_seconds)
+    ax.set_xlabel("seconds since the job was claimed (light: measuring, dark: timed kernel runs, orange: compiling)")
+    ax.set_title(textwrap.fill(f"job {job_id}: {use.summary()}", 130), fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

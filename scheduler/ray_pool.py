@@ -50,8 +50,9 @@ class RayWorkerPool:
             for i in range(count):
                 self.actors.append(remote.options(num_gpus=1, num_cpus=0, max_concurrency=QUEUE_DEPTH + 2).remote(
                     f"{name}-{i}", tracker, kind, build_workers=build_workers, log_dir=log_dir))
+        # The shards' search actors start beside the worker actors, not after them.
+        self._search_actors: list[Any] = self._new_search_actors()
         self.infos: list[dict[str, Any]] = ray.get([a.info.remote() for a in self.actors], timeout=180)
-        self._search_actors: list[Any] = []  # created with the first task's searches
 
     @property
     def size(self) -> int:
@@ -78,21 +79,20 @@ class RayWorkerPool:
 
         measured = list(measured)
         try:
-            return RaySearches(self._search_actors_or_new(), search, task, seed, measured)
+            return RaySearches(self._search_actors, search, task, seed, measured)
         except ray.exceptions.RayActorError as e:  # one died since the last task: start them afresh
             log.warning("a search actor died (%s); starting new ones", one_line(e))
             for a in self._search_actors:
                 ray.kill(a)
-            self._search_actors = []
-            return RaySearches(self._search_actors_or_new(), search, task, seed, measured)
+            self._search_actors = self._new_search_actors()
+            return RaySearches(self._search_actors, search, task, seed, measured)
 
-    def _search_actors_or_new(self) -> list[Any]:
+    def _new_search_actors(self) -> list[Any]:
+        """One new SearchActor per worker."""
         import ray
 
-        if not self._search_actors:
-            remote = ray.remote(SearchActor).options(num_cpus=0)
-            self._search_actors = [remote.remote() for _ in self.actors]
-        return self._search_actors
+        remote = ray.remote(SearchActor).options(num_cpus=0)
+        return [remote.remote() for _ in self.actors]
 
     def close(self) -> None:
         import ray

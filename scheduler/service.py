@@ -49,9 +49,11 @@ class Scheduler:
         self.heartbeat_seconds, self.stale_seconds = heartbeat_seconds, stale_seconds
         self._tracker: LocalTracker | None = None
         if tracker is None:
+            # Not waited for: it listens long before the first RPC server registers with it.
             log_file = log_dir / "tracker.log" if log_dir else None
-            self._tracker = LocalTracker(log=log_file).start()
+            self._tracker = LocalTracker(log=log_file).start(wait=False)
             tracker = self._tracker.address
+
         self.tracker = tracker
         self._pools: dict[tuple[Any, ...], WorkerPool] = {}
         self._stop = threading.Event()
@@ -67,7 +69,9 @@ class Scheduler:
         return self._pools[shape]
 
     def _ray_pool(self, kind: str, count: int, keys: Sequence[str]) -> WorkerPool:
-        init_ray(self.ray_address, logical_gpus=count if kind == "llvm" else 0)
+        # In the thread that runs the job: a Ray driver started in a thread that then ends
+        # loses its cluster ("Failed to connect to GCS").
+        init_ray(self.ray_address)
         return RayWorkerPool(self.tracker, kind, count, list(keys) or None, self.build_workers,
                              str(self.log_dir) if self.log_dir else None, name=f"{kind}-worker")
 

@@ -27,6 +27,11 @@ from scheduler.shards import ShardSearches
 
 log = logging.getLogger("farm.scheduler")
 
+# Candidates in each worker's first batch of a task. A worker returns a batch's results
+# together, so the first trial is recorded after its first batch: a small one (the full batch
+# queued behind it) puts a result in the database seconds after the job starts.
+FIRST_BATCH = 2
+
 @dataclass
 class Progress:
     """What a progress display needs after each batch."""
@@ -104,6 +109,7 @@ def _tune(store: ResultStore, writer: ResultWriter, job_id: int, row: dict[str, 
     report(done, best, [])
     inflight: dict[cf.Future[list[MeasureResult]], tuple[int, int, list[int]]] = {}
     queued = [0] * pool.size
+    started = [False] * pool.size
     exhausted = False
     cancelled = store.job_status(job_id) == "cancelled"
     since_round = 0
@@ -117,6 +123,8 @@ def _tune(store: ResultStore, writer: ResultWriter, job_id: int, row: dict[str, 
             wanted: list[tuple[int, int]] = []
             for worker in range(pool.size):
                 n = min(batch_size, share, left)
+                if not started[worker]:  # a worker's first batch is small: its first results come soon
+                    n, started[worker] = min(n, FIRST_BATCH), True
                 if cancelled or exhausted or n <= 0 or queued[worker] > depth:
                     continue
                 wanted.append((worker, n))

@@ -114,11 +114,14 @@ def test_model_guided_tuning_learns_visibly_and_predicts_new_shapes(tmp_path: Pa
     assert proc.returncode == 0, proc.stderr[-3000:]
     status = json.loads(farm("status", "1", "--json", "--db", db, cwd=tmp_path).stdout)
     rounds = status["tasks"][0]["rounds"]
-    assert len(rounds) == 4 and [r["trials"] for r in rounds] == [6, 12, 18, 24]
-    # The model needs 8 trials: from the third round on, every round is model-guided, and the
+    # The first round is the worker's small first batch (2) and a full one (6); later rounds
+    # close every 6 results; the last at the budget.
+    trials = [r["trials"] for r in rounds]
+    assert len(rounds) >= 3 and trials[0] == 8 and trials[-1] == 24 and trials == sorted(set(trials))
+    # The model needs 8 trials: from the second round on, every round is model-guided, and the
     # model is scored (rank correlation) on the round it guided.
-    assert rounds[0]["model_id"] is None and all(r["model_id"] for r in rounds[2:])
-    assert all(r["rank_corr"] is not None for r in rounds[2:])
+    assert rounds[0]["model_id"] is None and all(r["model_id"] for r in rounds[1:])
+    assert all(r["rank_corr"] is not None for r in rounds[1:])
     best = [r["best_latency"] for r in rounds]
     assert best == sorted(best, reverse=True)  # best-so-far never gets worse
     # Zero-shot: a shape never tuned, from the family's model, in well under a second of model time.

@@ -31,7 +31,7 @@ def ray_local() -> Iterator[None]:
 
     from scheduler.cluster import init_ray
 
-    init_ray(logical_gpus=2)
+    init_ray()
     yield
     ray.shutdown()
 

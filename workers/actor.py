@@ -34,7 +34,8 @@ class WorkerActor:
         self.host = socket.gethostname()
         self.gpu = ",".join(gpus) if gpus else None
         self.device = LocalDevice(kind, name, tracker, key=key, gpu=self.gpu, own_server=own_server,
-                                  host=os.environ.get("FARM_RPC_HOST", "127.0.0.1"), build_workers=build_workers,
+                                  host=os.environ.get("FARM_RPC_HOST", "127.0.0.1"),
+                                  build_workers=build_workers or _build_slots(),
                                   log_dir=Path(log_dir) if log_dir else None).start()
 
     def info(self) -> dict[str, Any]:
@@ -49,3 +50,13 @@ class WorkerActor:
 
     def close(self) -> None:
         self.device.close()
+
+
+def _build_slots() -> int:
+    """Build processes for one device: this node's cores shared by its devices (its GPU
+    resources), so that two GPUs of one host do not run twice as many compiles as it has cores."""
+    import ray
+
+    node = ray.get_runtime_context().get_node_id()
+    gpus = next((n["Resources"].get("GPU", 0) for n in ray.nodes() if n["NodeID"] == node), 0)
+    return max(1, (os.cpu_count() or 1) // max(1, int(gpus)))

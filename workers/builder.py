@@ -23,6 +23,7 @@ import multiprocessing
 import os
 import re
 import shutil
+import socket
 import subprocess
 import tempfile
 import time
@@ -34,6 +35,7 @@ from typing import Any, Protocol
 
 from farm.core.errors import one_line
 from farm.core.measure import Status
+from farm.core.targets import TargetSpec
 from farm.core.task import Task
 
 # nvcc's ptxas report: "Used 72 registers, used 1 barriers, 2368 bytes smem"
@@ -54,6 +56,8 @@ class BuildResult:
     source_sha: str = ""  # cuda: sha256 of the CUDA source the cubin was compiled from
     build_seconds: float = 0.0
     info: dict[str, Any] = field(default_factory=dict)  # registers, spills, ...
+    # When and where it was built: {"build": [start, end] (epoch seconds), "slot": "host:pid"}
+    timeline: dict[str, Any] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -69,7 +73,7 @@ def _task(task_json: str) -> Task:
 
 def build_one(task_json: str, index: int, out_dir: str) -> BuildResult:
     """Build config `index` of the task into `out_dir` (runs in a pool process)."""
-    start = time.perf_counter()
+    start, started = time.perf_counter(), time.time()
     task = _task(task_json)
     config = task.space.get(index)
     result = BuildResult(index, config.to_json())
@@ -78,10 +82,7 @@ def build_one(task_json: str, index: int, out_dir: str) -> BuildResult:
         if reason:
             result.status, result.error = Status.INVALID, reason
             return result
-        import tvm
-
         sch = task.schedule(config)
-        target = task.target.tvm()
         if task.target.is_gpu:
             from farm.core.templates.verify import verify_gpu
 
@@ -89,25 +90,34 @@ def build_one(task_json: str, index: int, out_dir: str) -> BuildResult:
             if reason:
                 result.status, result.error = Status.INVALID, reason
                 return result
-        lib = tvm.compile(sch.mod, target=target)
-        stem = Path(out_dir) / f"c{index}"
-        if task.target.is_gpu:
-            _compile_device_code(lib, task, stem, result)
-            if not result.ok:
-                return result
-        library = f"{stem}.so"
-        lib.export_library(library)
-        result.library = library
+        compile_into(sch.mod, task.target, Path(out_dir) / f"c{index}", result)
     except Exception as e:  # a template or compiler failure is this candidate's result
         result.status = Status.BUILD_ERROR
         result.error = one_line(e)
         result.info["traceback"] = traceback.format_exc(limit=4)
     finally:
         result.build_seconds = time.perf_counter() - start
+        result.timeline = {"build": [started, time.time()], "slot": f"{socket.gethostname()}:{os.getpid()}"}
     return result
 
 
-def _compile_device_code(lib: Any, task: Task, stem: Path, result: BuildResult) -> None:
+def compile_into(mod: Any, target: TargetSpec, stem: Path, result: BuildResult) -> None:
+    """Compile `mod` for `target` into the library `stem`.so, with the cubin nvcc makes of its
+    CUDA source for cuda; sets `result`'s library (cubin, source_sha) or its failure status.
+    Raises what TVM raises for a module it cannot compile."""
+    import tvm
+
+    lib = tvm.compile(mod, target=target.tvm())
+    if target.is_gpu:
+        _compile_device_code(lib, target, stem, result)
+        if not result.ok:
+            return
+    library = f"{stem}.so"
+    lib.export_library(library)
+    result.library = library
+
+
+def _compile_device_code(lib: Any, target: TargetSpec, stem: Path, result: BuildResult) -> None:
     """nvcc the CUDA source to a cubin and check it can launch; sets result fields."""
     source = _cuda_source(lib)
     result.source_sha = hashlib.sha256(source.encode()).hexdigest()
@@ -119,7 +129,7 @@ def _compile_device_code(lib: Any, task: Task, stem: Path, result: BuildResult) 
     cu, cubin = f"{stem}.cu", f"{stem}.cubin"
     Path(cu).write_text(source)
     proc = subprocess.run(
-        [nvcc, "--cubin", f"-arch={task.target.arch}", "-O3", "-Xptxas", "-v", "-o", cubin, cu],
+        [nvcc, "--cubin", f"-arch={target.arch}", "-O3", "-Xptxas", "-v", "-o", cubin, cu],
         capture_output=True, text=True, timeout=120,
     )
     if proc.returncode != 0:
@@ -131,10 +141,10 @@ def _compile_device_code(lib: Any, task: Task, stem: Path, result: BuildResult) 
     threads = _threads_per_block(source)
     result.info.update(registers=registers, spill_bytes=spills, threads=threads)
     # A launch needs registers for every thread of the block from one SM's register file.
-    if registers * threads > task.target.limit("registers_per_block"):
+    if registers * threads > target.limit("registers_per_block"):
         result.status = Status.INVALID
         result.error = (f"{registers} registers x {threads} threads > "
-                        f"{task.target.limit('registers_per_block')} registers per block")
+                        f"{target.limit('registers_per_block')} registers per block")
         return
     result.cubin = cubin
 
@@ -171,6 +181,18 @@ def _init_pool_process() -> None:
     os.environ.setdefault("TVM_NUM_THREADS", "1")
 
 
+def _warm_process(nvcc: bool) -> None:
+    """Import TVM in a build process; with `nvcc`, also compile an empty kernel (the first nvcc
+    run on a machine takes ~12 s while its toolchain comes off disk)."""
+    import tvm  # noqa: F401 - the import is the point
+
+    compiler = shutil.which("nvcc") if nvcc else None
+    if compiler:
+        with tempfile.TemporaryDirectory(prefix="farm-warm-") as d:
+            Path(d, "k.cu").write_text('extern "C" __global__ void k() {}\n')
+            subprocess.run([compiler, "--cubin", "-o", f"{d}/k.cubin", f"{d}/k.cu"], capture_output=True, timeout=120)
+
+
 class Builder(Protocol):
     """Compiles candidates of a task into libraries a Runner can load.
 
@@ -183,6 +205,10 @@ class Builder(Protocol):
 
     @property
     def workers(self) -> int: ...
+
+    def warm(self, kind: str) -> None:
+        """Start what building `kind` kernels needs (processes, imports, compilers) in the
+        background; returns at once."""
 
     def submit(self, task: Task, indices: list[int]) -> cf.Future[list[BuildResult]]: ...
 
@@ -219,6 +245,11 @@ class ProcessPoolBuilder:
                 initializer=_init_pool_process,
             )
         return self._pool
+
+    def warm(self, kind: str) -> None:
+        pool = self._executor()
+        for i in range(self.workers):  # one task per process, so that every process starts now
+            pool.submit(_warm_process, kind == "cuda" and i == 0)
 
     def _reset(self) -> None:
         if self._pool is not None:

@@ -154,11 +154,14 @@ class LocalTracker:
     def address(self) -> tuple[str, int]:
         return (self.host, self.port)
 
-    def start(self, timeout: float = 30.0) -> LocalTracker:
-        """Start it and return once it accepts connections; FarmError if it does not."""
+    def start(self, timeout: float = 30.0, wait: bool = True) -> LocalTracker:
+        """Start it; with `wait`, return once it accepts connections (FarmError if it does not),
+        else at once (its clients retry while it starts)."""
         self.port = self.port or free_port(self.host)
         self.proc = spawn_module(["tvm.exec.rpc_tracker", "--host", self.host, "--port", str(self.port),
                                   "--port-end", str(self.port + 1), "--silent"], self.log)
+        if not wait:
+            return self
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -219,11 +222,16 @@ class LocalDevice:
                 log = self.log_dir / f"{self.name}.log" if self.log_dir else None
                 self.server = ServerProcess(self.tracker_address, self.key, self.kind,
                                             self.gpu if self.kind == "cuda" else None, host=self.host, log=log)
-                wait_for_keys(self.tracker_address, [self.key], self.register_timeout, [self.server.proc])
             config = WorkerConfig(name=self.name, tracker=self.tracker_address, key=self.key, kind=self.kind,
                                   build_workers=self.build_workers,
                                   session_timeout=600.0 if self.own_server else 120.0)
             self._worker = Worker.create(config, on_hang=self.server.kill_sessions if self.server else None)
+            # Start-up in parallel: the build processes (TVM imports, a first nvcc) start while the
+            # server registers, and the session opens in the background once it has.
+            self._worker.builder.warm(self.kind)
+            if self.server is not None:
+                wait_for_keys(self.tracker_address, [self.key], self.register_timeout, [self.server.proc])
+            self._worker.runner.warm()
         except BaseException:
             self.close()
             raise

@@ -4,10 +4,13 @@
 implementation.
 
 `RPCRunner` keeps one RPC session open across candidates (stock MetaSchedule opens one per
-candidate: 4.4 s each on an H200, mostly spawning the session process), uploads each task's
-inputs once per session, and for every candidate: uploads the library (and its prebuilt
-cubin), loads it, poisons the output with NaN, runs it once and checks the output against
-the NumPy reference, then times it with TVM's `time_evaluator`.
+candidate: 4.4 s each on an H200, mostly spawning the session process). Once per session and
+workload it uploads the inputs, the NumPy reference output and the output check
+(workers.check: NaN fill and error sums as kernels on the device); then for every candidate it
+uploads the library (and its prebuilt cubin), loads it, poisons the output with NaN, runs it
+once and checks it against the reference on the device (only two numbers come back), then
+times it with TVM's `time_evaluator`. Each result carries its timeline (build, measure, and the
+time spent inside timed kernel runs: the device's busy time).
 
 A candidate whose single timed run is over `screen_factor` times the best latency this
 runner has measured for the workload is recorded with that one timing instead of the full
@@ -25,6 +28,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -37,7 +42,8 @@ import numpy as np
 from farm.core.errors import one_line
 from farm.core.measure import MeasureResult, Status
 from farm.core.task import Task
-from workers.builder import BuildResult
+from workers.builder import BuildResult, compile_into
+from workers.check import checker_module, relative_error
 
 log = logging.getLogger("farm.runner")
 
@@ -69,17 +75,35 @@ class Runner(Protocol):
 
     def measure(self, task: Task, builds: list[BuildResult]) -> list[MeasureResult]: ...
 
+    def warm(self) -> None:
+        """Start opening the device session in the background; returns at once."""
+
+    def prepare(self, task: Task) -> None:
+        """Get ready for `task`'s candidates (work of this process's CPU, such as the reference
+        output); the Worker calls it while they compile. Optional: `measure` does it if needed."""
+
     def close(self) -> None: ...
 
 
+@dataclass
+class _OnDevice:
+    """A workload's tensors and output check on one session's device."""
+
+    inputs: list[Any]
+    out: Any
+    ref: Any
+    err: Any
+    checker: Any
+
+
 class _Session:
-    """One open RPC session with the task inputs already on its device."""
+    """One open RPC session, with what each workload needs already on its device."""
 
     def __init__(self, sess: Any, kind: str, key: str) -> None:
         self.sess = sess
         self.dev = sess.cuda(0) if kind == "cuda" else sess.cpu(0)
         self.opened = time.monotonic()
-        self.inputs: dict[str, list[Any]] = {}
+        self.workloads: dict[str, _OnDevice] = {}
         self.workpath = sess.get_function("tvm.rpc.server.workpath")
         try:
             self.put_cubin = sess.get_function("farm.cubin.put")
@@ -121,6 +145,10 @@ class RPCRunner:
         self._best: dict[str, float] = {}  # best median latency so far, per workload
         self.sessions_opened = 0
         self.phases: dict[str, float] = {}  # seconds per step of the last candidate measured
+        self._lock = threading.Lock()  # one session at a time, also while warm() opens it
+        self._checkers: dict[str, BuildResult] = {}  # the compiled output check, per workload
+        self._prepare_lock = threading.RLock()  # warm-up and measuring threads prepare alike
+        self._dir = tempfile.mkdtemp(prefix="farm-check-")
 
     # --- sessions ---------------------------------------------------------------------
 
@@ -146,37 +174,98 @@ class RPCRunner:
 
     def session(self) -> _Session:
         """The open session, renewed before the server's session timeout could end it."""
-        s = self._session
-        # A candidate started now must finish before the server ends the session.
-        if s is not None and time.monotonic() - s.opened + self.timeout + 5 > self.session_timeout:
-            self.close()
-            s = None
-        if s is None:
-            s = self._session = self._open()
-        return s
+        with self._lock:
+            s = self._session
+            # A candidate started now must finish before the server ends the session.
+            if s is not None and time.monotonic() - s.opened + self.timeout + 5 > self.session_timeout:
+                self._session = s = None
+            if s is None:
+                s = self._session = self._open()
+            return s
+
+    def warm(self) -> None:
+        """Open the session in the background (a cuda session takes seconds to spawn), so the
+        first candidate finds it open; a failure here is met again, and recorded, by `measure`."""
+
+        def open_session() -> None:
+            try:
+                self.session()
+            except Exception as e:
+                log.info("opening a session on %s ahead of time failed: %s", self.key, one_line(e))
+
+        threading.Thread(target=open_session, daemon=True, name="farm-session-warm").start()
+
+    def _drop_session(self) -> None:
+        self._session = None  # dropping the last reference closes the connection
 
     def close(self) -> None:
-        self._session = None  # dropping the last reference closes the connection
+        """Close the session and remove the compiled output checks (a later use starts afresh)."""
+        self._drop_session()
+        with self._prepare_lock:
+            self._checkers.clear()
+            shutil.rmtree(self._dir, ignore_errors=True)
 
     # --- measuring --------------------------------------------------------------------
 
     def _reference(self, task: Task) -> tuple[list[np.ndarray], np.ndarray, float]:
         key = task.workload.key  # inputs and reference depend on the workload alone
-        if key not in self._references:
-            inputs = task.workload.random_inputs(seed=0)
-            self._references[key] = (inputs, task.workload.reference(inputs), task.workload.tolerance())
-        return self._references[key]
+        with self._prepare_lock:
+            if key not in self._references:
+                inputs = task.workload.random_inputs(seed=0)
+                self._references[key] = (inputs, task.workload.reference(inputs), task.workload.tolerance())
+            return self._references[key]
+
+    def prepare(self, task: Task) -> None:
+        """Compute the task's reference output and compile its output check, once per workload
+        (this process's CPU; the Worker calls it while the task's first candidates compile)."""
+        self._reference(task)
+        self._checker(task)
+
+    def _checker(self, task: Task) -> BuildResult:
+        key = task.workload.key
+        with self._prepare_lock:
+            if key not in self._checkers:
+                built = BuildResult(-1, {})
+                Path(self._dir).mkdir(parents=True, exist_ok=True)
+                stem = Path(self._dir) / f"check{len(self._checkers)}"
+                compile_into(checker_module(task.workload, task.target), task.target, stem, built)
+                if not built.ok:  # the farm's own kernel: a failure here is a bug, not a candidate's
+                    raise RuntimeError(f"the output check of {task.workload} did not build: {built.error}")
+                self._checkers[key] = built
+            return self._checkers[key]
+
+    def _on_device(self, s: _Session, task: Task) -> _OnDevice:
+        """The workload's inputs, reference, output buffer and check on the session's device."""
+        import tvm
+
+        key = task.workload.key
+        if key not in s.workloads:
+            inputs, expected, _ = self._reference(task)
+            checker = self._checker(task)
+            name = Path(checker.library).name
+            s.sess.upload(checker.library, name)
+            if checker.cubin and s.put_cubin is not None:
+                s.sess.upload(checker.cubin, Path(checker.cubin).name)
+                s.put_cubin(checker.source_sha, s.workpath(Path(checker.cubin).name))
+            s.workloads[key] = _OnDevice(
+                inputs=[tvm.runtime.tensor(x, s.dev) for x in inputs],
+                out=tvm.runtime.empty(expected.shape, str(expected.dtype), s.dev),
+                ref=tvm.runtime.tensor(expected.astype(task.workload.dtype), s.dev),
+                err=tvm.runtime.empty((2,), "float64", s.dev),
+                checker=s.sess.load_module(name))
+        return s.workloads[key]
 
     def measure(self, task: Task, builds: list[BuildResult]) -> list[MeasureResult]:
         """One MeasureResult per build, in order; build failures pass through as results."""
         return [self.measure_one(task, b) for b in builds]
 
     def measure_one(self, task: Task, build: BuildResult) -> MeasureResult:
-        result = MeasureResult(build.config_index, build.config, Status.OK, build_seconds=build.build_seconds)
+        result = MeasureResult(build.config_index, build.config, Status.OK, build_seconds=build.build_seconds,
+                               timeline=dict(build.timeline))
         if not build.ok:
             result.status, result.error = build.status or Status.BUILD_ERROR, build.error
             return result
-        start = time.perf_counter()
+        start, started = time.perf_counter(), time.time()
         try:
             # Outside the candidate's time limit: a server coming back after another
             # candidate's crash or hang is not this candidate's fault.
@@ -188,7 +277,7 @@ class RPCRunner:
         box: dict[str, Any] = {}
         # The thread fills its own copy: after a timeout it may still finish, and must not
         # change the result already reported.
-        work_result = dataclasses.replace(result)
+        work_result = dataclasses.replace(result, timeline=dict(result.timeline))
 
         def work() -> None:
             try:
@@ -203,28 +292,23 @@ class RPCRunner:
         if not thread.is_alive():
             result = work_result
         result.run_seconds = time.perf_counter() - start
+        result.timeline["measure"] = [started, time.time()]
         if thread.is_alive():
             result.status, result.error = Status.TIMEOUT, f"ran longer than {self.timeout:.0f} s"
             log.warning("candidate %d of %s hung; dropping the session", build.config_index, task)
-            self.close()
+            self._drop_session()
             if self.on_hang:
                 self.on_hang()
         elif "error" in box:
             result.status, result.error = Status.RUNTIME_ERROR, box["error"]
-            self.close()  # the session may be dead (crashed kernel): reconnect next time
+            self._drop_session()  # the session may be dead (crashed kernel): reconnect next time
         return result
 
     def _run(self, task: Task, build: BuildResult, result: MeasureResult) -> None:
-        import tvm
-
         s = self.session()
         result.device = s.device_name
-        key = task.workload.key
-        if key not in s.inputs:
-            inputs, _, _ = self._reference(task)
-            s.inputs[key] = [tvm.runtime.tensor(x, s.dev) for x in inputs]
-        args = s.inputs[key]
-        _, expected, tolerance = self._reference(task)
+        on_device = self._on_device(s, task)
+        _, _, tolerance = self._reference(task)
 
         self.phases = {}
         clock = [time.perf_counter()]
@@ -244,7 +328,7 @@ class RPCRunner:
         try:
             module = s.sess.load_module(name)
             phase("load")
-            self._check_and_time(s, task, result, module, args, expected, tolerance, phase)
+            self._check_and_time(s, task, result, module, on_device, tolerance, phase)
         finally:
             s.sess.remove(name)
             if build.cubin and s.put_cubin is not None:
@@ -253,14 +337,13 @@ class RPCRunner:
             log.debug("candidate %d phases: %s", build.config_index,
                       " ".join(f"{k} {v * 1e3:.1f} ms" for k, v in self.phases.items()))
 
-    def _check_and_time(self, s: _Session, task: Task, result: MeasureResult, module: Any, args: list[Any],
-                        expected: np.ndarray, tolerance: float, phase: Callable[[str], None]) -> None:
-        import tvm
-
-        out = tvm.runtime.tensor(np.full(expected.shape, np.nan, dtype=expected.dtype), s.dev)
+    def _check_and_time(self, s: _Session, task: Task, result: MeasureResult, module: Any, on_device: _OnDevice,
+                        tolerance: float, phase: Callable[[str], None]) -> None:
+        args, out = on_device.inputs, on_device.out
+        on_device.checker["fill"](out)
         module["main"](*args, out)
-        s.dev.sync()
-        error = _relative_error(out.numpy(), expected)
+        on_device.checker["check"](out, on_device.ref, on_device.err)
+        error = relative_error(on_device.err.numpy())
         phase("check")
         if not error <= tolerance:  # NaN (unwritten output) fails too
             result.status = Status.WRONG_RESULT
@@ -268,8 +351,11 @@ class RPCRunner:
             return
         key = task.workload.key
         best = self._best.get(key)
+        timed = result.timeline.setdefault("timed", [])  # [start, end] of each timed call: the busy time
         if self.screen_factor and best is not None:
+            start = time.time()
             probe = float(module.time_evaluator("main", s.dev, number=1, repeat=1)(*args, out).results[0])
+            timed.append([start, time.time()])
             phase("probe")
             if probe > self.screen_factor * best:
                 # Far slower than the best so far: one timing ranks it well enough, and fully
@@ -279,15 +365,9 @@ class RPCRunner:
         ev = self.evaluator
         timer = module.time_evaluator("main", s.dev, number=ev.number, repeat=ev.repeat,
                                       min_repeat_ms=ev.min_repeat_ms)
+        start = time.time()
         result.latencies = [float(x) for x in timer(*args, out).results]
+        timed.append([start, time.time()])
         phase("evaluate")
         latency = float(np.median(result.latencies))
         self._best[key] = min(latency, best) if best is not None else latency
-
-
-def _relative_error(got: np.ndarray, expected: np.ndarray) -> float:
-    g, e = got.astype(np.float64), expected.astype(np.float64)
-    if not np.all(np.isfinite(g)):
-        return float("nan")
-    denom = float(np.linalg.norm(e)) or 1.0
-    return float(np.linalg.norm(g - e)) / denom

@@ -9,6 +9,7 @@ actor (scheduler.ray_pool) and in this process (scheduler.local_pool).
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import threading
 import time
 from collections.abc import Callable
@@ -45,6 +46,7 @@ class Worker:
         self.name, self.builder, self.runner = name, builder, runner
         self.busy_seconds = 0.0  # time spent measuring (device busy), for utilisation metrics
         self._device = threading.Lock()
+        self._preparing = cf.ThreadPoolExecutor(1, thread_name_prefix="farm-prepare")
 
     @classmethod
     def create(cls, config: WorkerConfig, on_hang: Callable[[], None] | None = None) -> Worker:
@@ -61,9 +63,12 @@ class Worker:
         chunks = [indices[i:i + chunk] for i in range(0, len(indices), chunk)]
         results: list[MeasureResult] = []
         pending = self.builder.submit(task, chunks[0]) if chunks else None
+        # The reference output and the output check are made on this CPU while the first chunk compiles.
+        prepared = self._preparing.submit(self.runner.prepare, task)
         for i in range(len(chunks)):
             assert pending is not None
             builds = pending.result()
+            prepared.result()
             # Start compiling the next chunk before measuring this one.
             pending = self.builder.submit(task, chunks[i + 1]) if i + 1 < len(chunks) else None
             with self._device:
@@ -76,5 +81,6 @@ class Worker:
         return results
 
     def close(self) -> None:
+        self._preparing.shutdown(wait=False, cancel_futures=True)
         self.runner.close()
         self.builder.close()

@@ -32,6 +32,10 @@ class MeasureResult:
     worker: str = ""
     shard: int = 0
     round: int = 0
+    # When and where its steps ran, epoch seconds: "build" [start, end] and "slot" (the build
+    # process, host:pid), "measure" [start, end] on the device, "timed" [[start, end], ...]: the
+    # calls of the timed kernel runs (the device's busy time). Empty where nothing ran.
+    timeline: dict[str, Any] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:

@@ -1,0 +1,144 @@
+"""End to end: how much of a whole tuning job's wall time its GPUs spend measuring, and how it scales.
+
+    python bench/e2e_throughput.py [--workload resnet-last-conv] [--target cuda] [--trials 500]
+                                   [--gpus 1 2] [--seeds 3] [--warm-submit] [--out DIR] [--json FILE]
+
+For each GPU count and seed, `python -m farm tune WORKLOAD --trials N --workers G` runs as a
+process of its own on the embedded defaults (local Ray, tracker, RPC servers, SQLite), timed
+from its start to its exit. From the job's trials (their timelines, farm.report.utilisation):
+
+- wall time of the process, and trials per second over it;
+- time to the first stored trial, from the process start;
+- busy share per GPU: seconds inside timed kernel runs (TVM time_evaluator calls) over the
+  job's wall time (claim to end) and over the process's;
+- build seconds per candidate (mean, p95);
+- a timeline PNG per run (farm report --timeline).
+
+Printed: one line per run, then medians over seeds (with min and max) per GPU count, and the
+scaling of trials per second against one GPU. With --warm-submit, also a running farm: a
+`farm scheduler` service, a first job to bring its workers up, then the time from `farm submit`
+of a second job to its first stored trial (workers, servers, sessions and build processes warm).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from costmodel_common import add_workload_arguments, farm_tune, machine
+
+from db.store import open_store
+from farm.report import plot_timeline, utilisation
+
+
+def run_once(args: argparse.Namespace, gpus: int, seed: int) -> dict[str, Any]:
+    """One `farm tune` process; its figures (see the module docstring)."""
+    name = f"g{gpus}-s{seed}"
+    started = time.time()
+    wall, db = farm_tune(args.workload, args.params, args.target, args.trials, "xgb", seed, args.out, name,
+                         ["--workers", str(gpus)])
+    store = open_store(f"sqlite:///{db}")
+    (job,) = store.jobs()
+    use = utilisation(store, job["id"])
+    trials = store.trials(job_id=job["id"])
+    first = trials["created_at"].min().timestamp() - started
+    plot_timeline(store, job["id"], args.out / f"timeline-{name}.png")
+    busy = use.busy_seconds
+    return {"gpus": gpus, "seed": seed, "wall_s": wall, "trials": len(trials), "trials_per_s": len(trials) / wall,
+            "first_trial_s": first, "job_wall_s": use.wall_seconds,
+            "busy_share_job": use.busy_share, "busy_share_process": {w: b / wall for w, b in busy.items()},
+            "build_mean_s": statistics.mean(use.build_seconds) if use.build_seconds else None,
+            "build_p95_s": sorted(use.build_seconds)[int(0.95 * (len(use.build_seconds) - 1))]
+            if use.build_seconds else None,
+            "best_us": float(trials["latency"].min() * 1e6), "statuses": trials["status"].value_counts().to_dict()}
+
+
+def warm_submit(args: argparse.Namespace) -> dict[str, float]:
+    """Seconds from `farm submit` to the job's first stored trial on a running, warm farm."""
+    db = args.out / "service.db"
+    db.unlink(missing_ok=True)
+    url = f"sqlite:///{db}"
+    farm = [sys.executable, "-m", "farm"]
+    job = [args.workload, *args.params, "--target", args.target, "--db", url]
+    log = (args.out / "scheduler.log").open("wb")
+    service = subprocess.Popen([*farm, "scheduler", "--db", url, "--log-dir", str(args.out / "logs-service")],
+                               stdout=log, stderr=subprocess.STDOUT)
+    try:
+        first_job = int(subprocess.run([*farm, "submit", *job, "--trials", "32"], capture_output=True, text=True,
+                                       check=True).stdout.split()[0])
+        store = open_store(url)
+        while store.job_status(first_job) not in ("done", "failed", "cancelled"):
+            time.sleep(0.5)
+        submitted = time.time()
+        second = int(subprocess.run([*farm, "submit", *job, "--trials", "32", "--seed", "1"], capture_output=True,
+                                    text=True, check=True).stdout.split()[0])
+        while store.job(second)["trials"] == 0:
+            time.sleep(0.05)
+        trials = store.trials(job_id=second)
+        return {"submit_to_first_trial_s": trials["created_at"].min().timestamp() - submitted}
+    finally:
+        service.terminate()
+        service.wait(60)
+
+
+def spread(values: list[float]) -> str:
+    return f"{statistics.median(values):.2f} (min {min(values):.2f}, max {max(values):.2f})"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_workload_arguments(parser)
+    parser.add_argument("--trials", type=int, default=500)
+    parser.add_argument("--gpus", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--warm-submit", action="store_true")
+    parser.add_argument("--out", type=Path, default=Path("/tmp/farm-e2e"))
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    figures: dict[str, Any] = {"machine": machine(), "workload": args.workload, "params": args.params,
+                               "target": args.target, "trials": args.trials, "runs": []}
+    print(f"machine: {figures['machine']}; {args.workload} {' '.join(args.params)} on {args.target}, "
+          f"{args.trials} trials per run", flush=True)
+    for seed in range(args.seeds):
+        for gpus in args.gpus:
+            run = run_once(args, gpus, seed)
+            figures["runs"].append(run)
+            busy = ", ".join(f"{w} {s:.0%}" for w, s in sorted(run["busy_share_job"].items()))
+            print(f"{gpus} GPU(s) seed {seed}: {run['wall_s']:.1f} s, {run['trials_per_s']:.2f} trials/s, first trial "
+                  f"{run['first_trial_s']:.1f} s, busy {busy} (of the job's {run['job_wall_s']:.0f} s), builds "
+                  f"{run['build_mean_s']:.2f} s mean / {run['build_p95_s']:.2f} s p95, best {run['best_us']:.2f} µs",
+                  flush=True)
+            if args.json:  # after every run: a session cut short keeps what it finished
+                args.json.write_text(json.dumps(figures, indent=1, default=str))
+    summary = {}
+    for gpus in args.gpus:
+        runs = [r for r in figures["runs"] if r["gpus"] == gpus]
+        busiest = [min(r["busy_share_job"].values()) for r in runs]
+        summary[gpus] = {"wall_s": [r["wall_s"] for r in runs], "trials_per_s": [r["trials_per_s"] for r in runs],
+                         "first_trial_s": [r["first_trial_s"] for r in runs], "min_busy_share": busiest}
+        print(f"{gpus} GPU(s), median over {len(runs)} seeds: wall {spread(summary[gpus]['wall_s'])} s, "
+              f"trials/s {spread(summary[gpus]['trials_per_s'])}, first trial {spread(summary[gpus]['first_trial_s'])} "
+              f"s, least busy GPU {spread(busiest)}")
+    if 1 in summary:
+        for gpus in args.gpus:
+            if gpus != 1:
+                ratio = statistics.median(summary[gpus]["trials_per_s"]) / statistics.median(summary[1]["trials_per_s"])
+                summary[f"scaling_{gpus}"] = ratio
+                print(f"scaling, {gpus} GPUs over 1: {ratio:.2f}x trials/s (medians)")
+    figures["summary"] = summary
+    if args.warm_submit:
+        figures["warm_submit"] = warm_submit(args)
+        print(f"farm submit to a warm farm -> first trial: {figures['warm_submit']['submit_to_first_trial_s']:.2f} s")
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
