@@ -11,6 +11,9 @@
 #   fsearch     xgb (3 x 128 trials) vs random search (384) through `farm tune`, resnet-last-conv
 #               then matmul 1024^3 (2 x 96 vs 256) (bench/farm_search.py)
 #   retime      VSMS_DIR's two best kernels (an earlier vsms step) checked and timed again
+#   e2e         bench/e2e_throughput.py: E2E_TRIALS trials of resnet-last-conv on E2E_GPUS GPUs,
+#               E2E_SEEDS seeds, busy share, scaling, first trial, warm submit; timeline PNGs
+#   maxpool     64 trials of max pool 64x64x112x112 3x3 s2, timed as a whole, and its timeline
 #   bash bench/gpu_session.sh OUTDIR [STEP ...]      (TRIALS=300, MS_TRIALS=128 by default)
 # OUTDIR/DONE appears when every step has ended (for a session run in the background and
 # collected by bench/gpu_collect.sh).
@@ -19,6 +22,7 @@ OUT=${1:?output folder}; shift
 STEPS=${*:-torch smoke throughput tune}
 TRIALS=${TRIALS:-300}
 MS_TRIALS=${MS_TRIALS:-128}
+E2E_TRIALS=${E2E_TRIALS:-500}; E2E_GPUS=${E2E_GPUS:-1 2}; E2E_SEEDS=${E2E_SEEDS:-3}
 mkdir -p "$OUT"; rm -f "$OUT/DONE"
 export PYTHONPATH=${PYTHONPATH:-}:$PWD PYTHONUNBUFFERED=1
 nvidia-smi -L | tee "$OUT/gpu.txt"
@@ -44,6 +48,12 @@ for s in $STEPS; do
              step fsearch-matmul 900 python3 bench/farm_search.py --workload matmul --params M=1024 N=1024 K=1024 --target cuda \
                --seeds 2 --trials 96 --random-trials 256 --out "$OUT/fsearch-matmul" --json "$OUT/fsearch-matmul.json" ;;
     retime) step retime 300 python3 bench/vs_metaschedule.py --target cuda --out "${VSMS_DIR:?}" --retime ;;
+    e2e) step e2e 3000 python3 bench/e2e_throughput.py --target cuda --trials "$E2E_TRIALS" --gpus $E2E_GPUS \
+             --seeds "$E2E_SEEDS" --warm-submit --out "$OUT/e2e" --json "$OUT/e2e.json" ;;
+    maxpool) step maxpool 300 python3 -m farm tune pool2d N=64 C=64 H=112 W=112 KH=3 KW=3 stride=2 pad=1 kind=max \
+               --target cuda --trials 64 --workers 1 --db "sqlite:///$OUT/maxpool.db" --log-dir "$OUT/logs-maxpool"
+             python3 -m farm status 1 --db "sqlite:///$OUT/maxpool.db"
+             python3 -m farm report 1 --timeline -o "$OUT/timeline-maxpool.png" --db "sqlite:///$OUT/maxpool.db" ;;
     *) echo "unknown step $s" >&2 ;;
   esac
 done
