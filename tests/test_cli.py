@@ -43,7 +43,7 @@ def test_workloads_lists_everything_with_space_sizes() -> None:
     (["tune", "group_conv2d_nchw", "N=1", "CI=6", "H=8", "W=8", "CO=8", "KH=3", "KW=3", "groups=4"],
      "not divisible by groups"),
     (["tune", "resnet-last-conv", "--target", "rocm"], "unknown target"),
-    (["tune", "resnet-last-conv", "--target", "{bad json"], "target JSON is malformed"),
+    (["tune", "resnet-last-conv", "--target", "{bad json"], "target is not valid JSON"),
     (["tune", "resnet-last-conv", "--target", '{"kind": "cuda", "arch": "volta"}'], "not one the farm compiles for"),
     (["tune", "matmul", "M=4", "N=4", "K=4", "--export", "no/such/dir/best.json"], "does not exist"),
     (["tune", "matmul", "M=4", "N=4", "K=4", "--search", "annealing"], "unknown search"),

@@ -118,7 +118,7 @@ def parse_target(text: str | dict[str, Any] | TargetSpec) -> TargetSpec:
         if len(raw) > MAX_TARGET_CHARS:
             raise FarmError(f"target is {len(raw):,} characters long; a target is a small JSON dict")
         if raw.startswith("{"):
-            doc = parse_json(raw, "target JSON")
+            doc = parse_json(raw, "target")
         elif raw in KINDS:
             doc = {"kind": raw}
         else:
