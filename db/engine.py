@@ -24,6 +24,9 @@ from farm.core.errors import FarmError
 
 DEFAULT_URL = "sqlite:///farm.db"
 ENV_URL = "FARM_DB"
+# A file holding the Postgres password, read when the farm connects, so that the password is in
+# no URL: not on a command line (`ps`), not in $FARM_DB, not in what a store pickles for Ray.
+ENV_PASSWORD_FILE = "FARM_DB_PASSWORD_FILE"
 ENV_POOL_SIZE = "FARM_DB_POOL_SIZE"
 ENV_MAX_OVERFLOW = "FARM_DB_MAX_OVERFLOW"
 # Every Ray actor owns an engine, so a small pool keeps N actors under Postgres'
@@ -73,7 +76,9 @@ def make_engine(
     SQLite gets WAL (readers never block the writer), a 5 s busy timeout and foreign keys;
     its transactions begin with a plain BEGIN, or BEGIN IMMEDIATE on `for_writing(engine)`.
     Postgres gets a pool of `pool_size` (+ `max_overflow`) connections, from the arguments,
-    else ``$FARM_DB_POOL_SIZE`` / ``$FARM_DB_MAX_OVERFLOW``, else 2 and 2, with pre-ping.
+    else ``$FARM_DB_POOL_SIZE`` / ``$FARM_DB_MAX_OVERFLOW``, else 2 and 2, with pre-ping. Its
+    password is the URL's, else the content of the file ``$FARM_DB_PASSWORD_FILE`` (read now, on
+    every node that connects), else libpq's own (``$PGPASSWORD``, ``~/.pgpass``).
     Raises FarmError (one line, nothing created) if the database cannot be opened.
     """
     parsed = resolve_url(url)
@@ -91,7 +96,7 @@ def make_engine(
             connect_args["application_name"] = "farm"
         driver = POSTGRES_DRIVER if parsed.drivername == "postgresql" else parsed.drivername
         engine = _create(
-            parsed.set(drivername=driver),
+            _with_password_file(parsed).set(drivername=driver),
             json_serializer=_json_dumps,
             pool_size=_setting("pool_size", pool_size, ENV_POOL_SIZE, DEFAULT_POOL_SIZE, minimum=1),
             max_overflow=_setting("max_overflow", max_overflow, ENV_MAX_OVERFLOW, DEFAULT_MAX_OVERFLOW, minimum=0),
@@ -105,6 +110,22 @@ def make_engine(
         engine.dispose()
         raise FarmError(_connect_error(parsed, exc)) from None
     return engine
+
+
+def _with_password_file(parsed: URL) -> URL:
+    """`parsed` with the password from ``$FARM_DB_PASSWORD_FILE`` when it has none of its own."""
+    path = os.environ.get(ENV_PASSWORD_FILE)
+    if not path or parsed.password is not None:
+        return parsed
+    try:
+        with open(path, encoding="utf-8") as f:
+            password = f.read().rstrip("\r\n")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise FarmError(f"cannot read the database password from {ENV_PASSWORD_FILE}={path}: {reason}") from None
+    if not password:
+        raise FarmError(f"{ENV_PASSWORD_FILE}={path} is empty: put the database password in it")
+    return parsed.set(password=password)
 
 
 def for_writing(engine: Engine) -> Engine:

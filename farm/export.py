@@ -26,10 +26,13 @@ from pathlib import Path
 from typing import Any
 
 from db.store import ResultStore
-from farm.core.errors import FarmError, require_folder_of
+from farm.core.errors import FarmError, brief, require_folder_of
 from farm.core.task import Task
+from farm.core.untrusted import MAX_JSON_BYTES, check_depth, parse_json
 
 FORMAT = "farm.best/1"
+# A kernel slower than a day is not a measurement.
+MAX_LATENCY_US = 8.64e10
 _FIELDS = {"workload": dict, "target": dict, "template": str, "template_version": str, "config": dict,
            "latency_us": (int, float), "device": str}
 
@@ -143,35 +146,46 @@ def load(path: str | Path, allow_stale: bool = False) -> dict[str, Any]:
     configs must still be points of the current space).
     """
     try:
-        text = Path(path).read_text()
+        with Path(path).open("rb") as f:
+            data = f.read(MAX_JSON_BYTES + 1)  # never more than the parser would take
     except OSError as e:
         raise FarmError(f"cannot read export {path}: {e.strerror}") from None
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise FarmError(f"export {path} is not valid JSON (truncated?): {e.msg} at line {e.lineno}") from None
-    return validate(doc, str(path), allow_stale)
+    return validate(parse_json(data, f"export {path}"), str(path), allow_stale)
 
 
 def validate(doc: Any, source: str = "export", allow_stale: bool = False) -> dict[str, Any]:
     """`doc` if it is a well-formed farm.best/1 document whose configs fit the current templates."""
+    check_depth(doc, source)
     if not isinstance(doc, dict) or "format" not in doc:
         raise FarmError(f"{source} is not a farm export: no \"format\" field")
     fmt = doc["format"]
     if fmt != FORMAT:
         if isinstance(fmt, str) and fmt.startswith("farm.best/"):
-            raise FarmError(f"{source} has format {fmt}, newer than this farm reads ({FORMAT}): upgrade the farm")
-        raise FarmError(f"{source} has unknown format {fmt!r}; expected {FORMAT}")
+            raise FarmError(f"{source} has format {brief(fmt)}, newer than this farm reads ({FORMAT}): "
+                            "upgrade the farm")
+        raise FarmError(f"{source} has unknown format {brief(fmt)}; expected {FORMAT}")
     if not isinstance(doc.get("records"), list):
         raise FarmError(f"{source}: \"records\" must be a list")
+    first: dict[tuple[str, str, str], int] = {}
     for n, rec in enumerate(doc["records"]):
-        _validate_record(rec, f"{source}, record {n}", allow_stale)
+        task = _validate_record(rec, f"{source}, record {n}", allow_stale)
+        # One record per key (canonical: defaults filled in): two would leave which one a build
+        # applies to the order of the file.
+        key = (task.workload.key, task.target.doc_json, rec["device"])
+        if key in first:
+            raise FarmError(f"{source}: records {first[key]} and {n} are both the best of {_describe(key)}; "
+                            "an export holds one record per (workload, target, device)")
+        first[key] = n
     return doc
 
 
-def _validate_record(rec: Any, where: str, allow_stale: bool) -> None:
-    import math
+def _describe(key: tuple[str, str, str]) -> str:
+    workload, target, device = key
+    return f"workload {workload} on target {brief(target, 80)} and device {brief(device, 80)}"
 
+
+def _validate_record(rec: Any, where: str, allow_stale: bool) -> Task:
+    """The record's task, if `rec` is a well-formed record whose config fits the current template."""
     from farm.core.targets import parse_target
     from farm.core.workloads import workload_from_json
 
@@ -180,19 +194,21 @@ def _validate_record(rec: Any, where: str, allow_stale: bool) -> None:
     for field, kind in _FIELDS.items():
         if not isinstance(rec.get(field), kind) or isinstance(rec.get(field), bool):
             raise FarmError(f"{where}: field {field!r} is missing or not a {getattr(kind, '__name__', 'number')}")
-    if not math.isfinite(rec["latency_us"]) or rec["latency_us"] <= 0:
-        raise FarmError(f"{where}: latency_us must be a positive number")
+    # Compared, not converted: an integer of 400 digits does not fit a float, and NaN is not < anything.
+    if not 0 < rec["latency_us"] < MAX_LATENCY_US:
+        raise FarmError(f"{where}: latency_us must be a positive number of microseconds below {MAX_LATENCY_US:.0e}")
     try:
         task = Task(workload_from_json(rec["workload"]), parse_target(rec["target"]))
         if rec["template"] != task.template.name:
-            raise FarmError(f"template {rec['template']!r} is not the farm's template for this workload "
+            raise FarmError(f"template {brief(rec['template'])} is not the farm's template for this workload "
                             f"({task.template.name})")
         task.space.from_json(rec["config"])
     except FarmError as e:
         raise FarmError(f"{where}: {e}") from None
     if rec["template_version"] != task.template.version and not allow_stale:
-        raise FarmError(f"{where}: tuned with {rec['template']} version {rec['template_version']}, the farm now has "
-                        f"{task.template.version}; tune again, or accept it with --allow-stale")
+        raise FarmError(f"{where}: tuned with {rec['template']} version {brief(rec['template_version'])}, the farm "
+                        f"now has {task.template.version}; tune again, or accept it with --allow-stale")
+    return task
 
 
 def write_metaschedule(records: list[dict[str, Any]], folder: str | Path) -> Path:

@@ -60,11 +60,11 @@ def predict(workload: Workload, target: TargetSpec, store: ModelSource, top: int
                         f"e.g. `farm tune {workload.name} ... --target {target.kind} --search xgb`")
     search = XGBSearch(task, task.space.shards(1)[0], seed, epsilon=0.0)
     search.set_model(stored.model)
-    indices = search.propose(top)
+    indices = search.ranked(top)  # best first; the first does not depend on `top`
     feats = search.features
     scores = stored.model.predict(feats.features(feats.codes(indices)), feats.names)
     out = [Prediction(rank, i, task.space.get(i).to_json(), float(score))
-           for rank, (i, score) in enumerate(sorted(zip(indices, scores, strict=True), key=lambda p: -p[1]), 1)]
+           for rank, (i, score) in enumerate(zip(indices, scores, strict=True), 1)]
     if measure:
         for p, result in zip(out, measure_locally(task, [p.config_index for p in out], log_dir), strict=True):
             p.status, p.error = result.status.value, result.error

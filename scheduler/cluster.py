@@ -3,34 +3,68 @@
 `farm tune`, the embedded `farm.Client()` and a `farm scheduler` without `--ray-address`
 start Ray here; with an address they join a running cluster (`ray start --head` on the head
 node, `ray start --address` on each GPU node).
+
+A Ray cluster runs whatever its clients send it (Ray passes task arguments as cloudpickle), so
+the one the farm starts is closed to everyone else:
+
+- it listens on the loopback interface only: Ray binds its GCS, raylet and workers to 127.0.0.1
+  when the node's address is exactly 127.0.0.1, and ray.init turns an explicit 127.0.0.1 into the
+  machine's routable address unless Ray is in its single-machine mode, which
+  ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` selects (Ray's default on Windows and macOS; Ray 2.60);
+- token authentication is on (``RAY_AUTH_MODE=token``): every RPC to the cluster carries the
+  token, which ray.init generates into ``~/.ray/auth_token`` (mode 600 under the user's home)
+  unless ``RAY_AUTH_TOKEN`` or ``RAY_AUTH_TOKEN_PATH`` gives one.
+
+A cluster the farm joins is configured by whoever started it: see docs/reliability.md.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import sys
+
+# Ray's switches, read from the environment by Ray itself (and by the processes it starts).
+AUTH_MODE_ENV = "RAY_AUTH_MODE"
+SINGLE_MACHINE_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+LOOPBACK = "127.0.0.1"
 
 
 def init_ray(address: str | None = None) -> None:
     """Connect to the Ray cluster at `address`, or start a local one (once per process).
 
-    A local instance on a machine without GPUs gets one logical GPU resource per core, so that
-    one worker actor per "device" can be placed, whatever number of devices a job asks for up
-    to the cores; those actors measure llvm kernels on the CPU.
+    A local instance listens on 127.0.0.1 only and requires Ray's token authentication (see the
+    module docstring). On a machine without GPUs it gets one logical GPU resource per core, so
+    that one worker actor per "device" can be placed, whatever number of devices a job asks for
+    up to the cores; those actors measure llvm kernels on the CPU.
     """
+    if address:
+        import ray
+
+        if not ray.is_initialized():
+            ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
+        return
+    # Before Ray reads them: at import for the single-machine switch, at init for the auth mode.
+    os.environ[SINGLE_MACHINE_ENV] = "0"
+    os.environ[AUTH_MODE_ENV] = "token"
     import ray
 
     if ray.is_initialized():
         return
-    if address:
-        ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
-        return
+    # Ray may have been imported before these were set (by a test, or a library), and read them
+    # then: its single-machine constant, and its cached config (which ray.init also refreshes this
+    # way when it turns token authentication on by default).
+    constants = sys.modules.get("ray._private.ray_constants")
+    if constants is not None:
+        constants.ENABLE_RAY_CLUSTER = False
+    from ray._raylet import AuthenticationMode, Config, get_authentication_mode
+
+    if get_authentication_mode() != AuthenticationMode.TOKEN:
+        Config.initialize("")
     from workers.device import gpu_count
 
     gpus = gpu_count()
     logging.getLogger("ray").setLevel(logging.ERROR)  # its start-up notices are not the user's business
-    # A new instance of our own (never a `ray start` cluster running on this machine), on the
-    # loopback address: not on whatever interface Ray would pick (one that may go away, and that
-    # would expose the cluster to the network).
-    ray.init(address="local", _node_ip_address="127.0.0.1", num_gpus=gpus or os.cpu_count() or 1,
+    # address="local": a new instance of our own, never a `ray start` cluster running on this machine.
+    ray.init(address="local", _node_ip_address=LOOPBACK, num_gpus=gpus or os.cpu_count() or 1,
              include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False, configure_logging=False)

@@ -26,3 +26,14 @@ def require_folder_of(path: str | Path) -> Path:
     if not target.parent.is_dir():  # Path("x").parent is Path("."), which exists
         raise FarmError(f"cannot write {target}: folder {target.parent} does not exist")
     return target
+
+
+def brief(value: object, limit: int = 60) -> str:
+    """`repr(value)` cut to `limit` characters, for messages about input of any size: an error
+    line must stay one short line even when the input was a megabyte of JSON."""
+    try:
+        text = repr(value)
+    except RecursionError:  # a deeply nested container
+        text = f"<deeply nested {type(value).__name__}>"
+    text = text.replace("\0", "\\x00")
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -7,15 +7,31 @@ what `ResultStore.create_job` takes; the core itself writes nothing.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from farm.core.errors import FarmError
+from farm.core.errors import FarmError, brief
 from farm.core.search import search_class
 from farm.core.targets import TargetSpec, parse_target
 from farm.core.task import Task
 from farm.core.workloads import Workload, make_workload
+
+# Bounds on a job, the same whatever database holds it. The trial budget is stored in 32-bit
+# INTEGER columns on Postgres (SQLite would take more, so the bound is the farm's, not the
+# database's): 10^9 trials is also far beyond any tuning job (a million is days of GPU time).
+MAX_TRIALS = 10**9
+MAX_WORKLOADS = 1000
+# Worker actors (one per device) a job may ask for; a larger number is a typo, not a fleet.
+MAX_WORKERS = 1024
+MAX_BATCH_SIZE = 4096
+# Seeds feed numpy's generators, which take unsigned integers.
+MAX_SEED = 2**32 - 1
+# Names and RPC keys are stored in VARCHAR(200) columns and printed on one line.
+MAX_NAME_CHARS = 200
+# An RPC key names a device queue at the TVM tracker: no spaces, colons or control characters.
+RPC_KEY = re.compile(r"[A-Za-z0-9._@+-]{1,200}", re.ASCII)
 
 
 def family_key(task: Task) -> str:
@@ -43,23 +59,36 @@ class JobRequest:
               seed: int = 0, batch_size: int = 16, rpc_keys: Sequence[str] = (), name: str = "") -> JobRequest:
         """Validate everything (raises FarmError with one clear line) and return the request.
 
-        A workload is a Workload, a preset or workload name, or (name, {param: value}).
+        The one place a job spec is checked, before anything is written: a workload is a
+        Workload, a preset or workload name, or (name, {param: value}) (each checked by
+        farm.core.workloads, extents included); `target` by farm.core.targets.parse_target;
+        `trials` an int in [number of workloads, MAX_TRIALS]; `workers` in [1, MAX_WORKERS];
+        `batch_size` in [1, MAX_BATCH_SIZE]; `seed` in [0, MAX_SEED]; `rpc_keys` a list of
+        distinct keys matching RPC_KEY (at most MAX_WORKERS); `name` at most MAX_NAME_CHARS
+        printable characters. Every task must have a template whose space is within
+        farm.core.space's bounds. Booleans are not integers here, nor a string a list.
         """
-        wls = [w if isinstance(w, Workload) else make_workload(w) if isinstance(w, str) else make_workload(*w)
-               for w in workloads]
+        wls = [_workload(w) for w in _sequence(workloads, "workloads", MAX_WORKLOADS)]
         if not wls:
             raise FarmError("a job needs at least one workload")
         spec = parse_target(target)
-        for value, what in ((trials, "trials"), (workers, "workers"), (batch_size, "batch size")):
-            if not isinstance(value, int) or value < 1:
-                raise FarmError(f"{what} must be a positive integer, got {value!r}")
+        _integer(trials, "trials", 1, MAX_TRIALS)
+        _integer(workers, "workers", 1, MAX_WORKERS)
+        _integer(batch_size, "batch size", 1, MAX_BATCH_SIZE)
+        _integer(seed, "seed", 0, MAX_SEED)
         if trials < len(wls):
             raise FarmError(f"{trials} trials cannot cover {len(wls)} workloads: give at least one each")
         search_class(search)
-        request = cls(wls, spec, trials, search, workers, seed, batch_size, list(rpc_keys),
-                      name or ("tune " + ", ".join(str(w) for w in wls))[:200])
+        keys = [_rpc_key(key) for key in _sequence(rpc_keys, "rpc_keys", MAX_WORKERS)]
+        if len(set(keys)) != len(keys):
+            raise FarmError(f"rpc_keys {brief(keys)} name a device twice")
+        if not isinstance(name, str) or len(name) > MAX_NAME_CHARS or not name.isprintable():
+            raise FarmError(f"a job name is at most {MAX_NAME_CHARS} printable characters, got {brief(name)}")
+        request = cls(wls, spec, trials, search, workers, seed, batch_size, keys,
+                      name or ("tune " + ", ".join(str(w) for w in wls))[:MAX_NAME_CHARS])
         for task in request.tasks:
-            task.template  # noqa: B018 - raises FarmError when no template exists for the target
+            # FarmError when no template exists for the target, or its space is out of bounds.
+            task.space  # noqa: B018
         return request
 
     @property
@@ -87,3 +116,33 @@ class JobRequest:
         """The keyword arguments of `ResultStore.create_job` that queue this job and its tasks."""
         return {"name": self.name, "spec": self.spec(), "trials_budget": self.trials, "search": self.search,
                 "tasks": self.task_rows()}
+
+
+def _sequence(value: Any, what: str, limit: int) -> Sequence[Any]:
+    """`value` if it is a list or tuple of at most `limit` items; a string is not a list of keys."""
+    if not isinstance(value, list | tuple):
+        raise FarmError(f"{what} must be a list, got {type(value).__name__} {brief(value)}")
+    if len(value) > limit:
+        raise FarmError(f"{what} has {len(value):,} entries; a job takes at most {limit:,}")
+    return value
+
+
+def _workload(item: Any) -> Workload:
+    if isinstance(item, Workload):
+        return item
+    if isinstance(item, str):
+        return make_workload(item)
+    if isinstance(item, list | tuple) and len(item) == 2 and isinstance(item[1], Mapping):
+        return make_workload(item[0], item[1])
+    raise FarmError(f"a workload is a name, a Workload or (name, {{param: value}}), got {brief(item)}")
+
+
+def _integer(value: Any, what: str, low: int, high: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise FarmError(f"{what} must be an integer in [{low:,}, {high:,}], got {brief(value)}")
+
+
+def _rpc_key(key: Any) -> str:
+    if not isinstance(key, str) or not RPC_KEY.fullmatch(key):
+        raise FarmError(f"RPC key {brief(key)} must be 1 to 200 letters, digits or ._@+- characters")
+    return key

@@ -148,6 +148,7 @@ class XGBSearch(RandomSearch):
     def __init__(self, task: Task, shard: Shard, seed: int = 0, *, epsilon: float = 0.15, chains: int = 256,
                  steps: int = 64, min_distance: int = 2, plan_size: int = 32) -> None:
         super().__init__(task, shard, seed)
+        self._seed = seed
         self.epsilon, self.chains, self.steps = epsilon, chains, steps
         self.min_distance, self.plan_size = min_distance, plan_size
         self.model: CostModel | None = None
@@ -194,13 +195,33 @@ class XGBSearch(RandomSearch):
         indices, scores = self._candidates()
         order = np.argsort(-scores, kind="stable")
         pool: list[int] = []
-        for i in indices[order].tolist():
+        pool_scores: list[float] = []
+        for i, score in zip(indices[order].tolist(), scores[order].tolist(), strict=True):
             if i not in self.seen and self._is_valid(i):
                 pool.append(i)
+                pool_scores.append(score)  # each config's own score: invalid or seen ones were skipped
                 if len(pool) >= 8 * size:
                     break
-        return self._pick_diverse(pool, scores[order][: len(pool)] if len(pool) else scores[:0], size,
-                                  float(np.std(scores)))
+        return self._pick_diverse(pool, np.array(pool_scores, dtype=np.float64), size, float(np.std(scores)))
+
+    def ranked(self, n: int) -> list[int]:
+        """The model's `n` best valid configs of the shard, best first, without exploration and
+        without changing what `propose` returns next (`farm predict`).
+
+        The candidates are found the same way whatever `n` (annealing from this search's seed),
+        and the first is the best-scored valid one among them, so the first answer does not
+        depend on `n`. Random configs when the search has no model.
+        """
+        if self.model is None:
+            return RandomSearch(self.task, self.shard, self._seed).propose(n)
+        state = self._np.bit_generator.state
+        try:
+            plan = self._make_plan(max(self.plan_size, n))[:n]
+        finally:
+            self._np.bit_generator.state = state
+        feats = self.features
+        scores = self._score(feats.codes(plan)) if plan else np.zeros(0)
+        return [plan[k] for k in np.argsort(-scores, kind="stable")]
 
     def _candidates(self) -> tuple[np.ndarray, np.ndarray]:
         """Distinct configs of the shard with their scores: the whole shard if small, else the
@@ -212,7 +233,9 @@ class XGBSearch(RandomSearch):
             return indices, self._score(feats.codes(indices))
         codes = self._starts()
         scores = self._score(codes)
-        visited, visited_scores = [feats.indices(codes)], [scores]
+        # A copy: `scores` follows the chains (updated in place below), the visited list must
+        # keep each config's own score.
+        visited, visited_scores = [feats.indices(codes)], [scores.copy()]
         temperature = float(np.std(scores)) or 1.0
         for step in range(self.steps):
             moved = self._neighbours(codes)

@@ -18,20 +18,59 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from farm.core.errors import FarmError
+from farm.core.errors import FarmError, brief
 
 KnobValue = Any  # a tuple of ints for a split, a JSON scalar for a choice
 
+# Bounds on a space, checked when it is built (at submit, from the template) and before anything is
+# enumerated. A knob's values are listed in memory, so a split has at most MAX_KNOB_VALUES of them
+# (extents up to farm.core.workloads.MAX_EXTENT have at most 125,440 4-way splits). Config
+# indices are int64 in the search and the database (BIGINT), so a space has at most MAX_SPACE_SIZE.
+MAX_KNOB_VALUES = 200_000
+MAX_SPACE_SIZE = 2**62
+
+
+def prime_factors(n: int) -> dict[int, int]:
+    """{prime: exponent} of n >= 1, by trial division (n is at most MAX_EXTENT in practice)."""
+    out: dict[int, int] = {}
+    d = 2
+    while d * d <= n:
+        while n % d == 0:
+            out[d] = out.get(d, 0) + 1
+            n //= d
+        d += 1
+    if n > 1:
+        out[n] = out.get(n, 0) + 1
+    return out
+
+
+def factorization_count(extent: int, parts: int) -> int:
+    """How many ordered `parts`-tuples of positive ints multiply to `extent`, without listing them:
+    each prime's exponent e is spread over the parts in C(e + parts - 1, parts - 1) ways."""
+    return math.prod(math.comb(e + parts - 1, parts - 1) for e in prime_factors(extent).values())
+
 
 def factorizations(extent: int, parts: int) -> list[tuple[int, ...]]:
-    """All ordered `parts`-tuples of positive ints whose product is `extent`, lexicographic."""
-    if parts == 1:
-        return [(extent,)]
-    out: list[tuple[int, ...]] = []
-    for d in range(1, extent + 1):
-        if extent % d == 0:
-            out.extend((d, *rest) for rest in factorizations(extent // d, parts - 1))
-    return out
+    """All ordered `parts`-tuples of positive ints whose product is `extent`, lexicographic.
+
+    Walks the divisors only (never every integer below `extent`), so it takes time in proportion
+    to the number of tuples; FarmError if there are more than MAX_KNOB_VALUES of them.
+    """
+    count = factorization_count(extent, parts)
+    if count > MAX_KNOB_VALUES:
+        raise FarmError(f"splitting a loop of {extent:,} into {parts} factors has {count:,} ways, "
+                        f"more than the farm's bound of {MAX_KNOB_VALUES:,} per knob")
+    divisors = [1]
+    for prime, exponent in prime_factors(extent).items():
+        divisors = [d * prime**k for d in divisors for k in range(exponent + 1)]
+    divisors.sort()
+
+    def split(rest: int, left: int) -> list[tuple[int, ...]]:
+        if left == 1:
+            return [(rest,)]
+        return [(d, *tail) for d in divisors if d <= rest and rest % d == 0 for tail in split(rest // d, left - 1)]
+
+    return split(extent, parts)
 
 
 class Knob:
@@ -53,8 +92,8 @@ class Knob:
         """Position of `value`; raises FarmError when it is not a value of this knob."""
         try:
             return self._positions[self.normalize(value)]
-        except (KeyError, TypeError):
-            raise FarmError(f"knob {self.name}: {value!r} is not one of its values") from None
+        except (KeyError, TypeError):  # not a value, or not even hashable / of the right type
+            raise FarmError(f"knob {self.name}: {brief(value)} is not one of its values") from None
 
     def normalize(self, value: KnobValue) -> KnobValue:
         return value
@@ -71,14 +110,26 @@ class SplitKnob(Knob):
     """Split a loop of `extent` into `parts` factors (outermost first) whose product is exact."""
 
     def __init__(self, name: str, extent: int, parts: int) -> None:
+        """FarmError if the split has more than MAX_KNOB_VALUES values (counted, not listed)."""
         self.name, self.extent, self.parts = name, extent, parts
+        self.count = factorization_count(extent, parts)
+        if self.count > MAX_KNOB_VALUES:
+            raise FarmError(f"knob {name}: splitting a loop of {extent:,} into {parts} factors has {self.count:,} "
+                            f"ways, more than the farm's bound of {MAX_KNOB_VALUES:,} per knob")
+
+    def __len__(self) -> int:
+        return self.count
 
     @cached_property
     def values(self) -> list[tuple[int, ...]]:
         return factorizations(self.extent, self.parts)
 
     def normalize(self, value: KnobValue) -> KnobValue:
-        return tuple(int(v) for v in value)
+        # Integers only: 2.7 is not a factor, nor is True; a list from JSON becomes a tuple.
+        if not isinstance(value, list | tuple) or not all(
+                isinstance(v, int) and not isinstance(v, bool) for v in value):
+            raise TypeError("a split is a list of integers")
+        return tuple(value)
 
     def describe(self) -> str:
         return f"split {self.extent} into {self.parts} factors"
@@ -93,6 +144,12 @@ class ChoiceKnob(Knob):
     @property
     def values(self) -> list[KnobValue]:
         return self._values
+
+    def normalize(self, value: KnobValue) -> KnobValue:
+        # Of the values' own type: True is not 1 and 1.0 is not 1, though Python compares them equal.
+        if not any(type(value) is type(v) for v in self._values):
+            raise TypeError(f"{type(value).__name__} is not the type of this knob's values")
+        return value
 
     def describe(self) -> str:
         return f"one of {self._values}"
@@ -122,11 +179,15 @@ class ConfigSpace:
     """The product of `knobs`; configs numbered in mixed radix, first knob fastest."""
 
     def __init__(self, knobs: Sequence[Knob]) -> None:
+        """FarmError if the space has more than MAX_SPACE_SIZE configs (nothing is enumerated)."""
         names = [k.name for k in knobs]
         if len(set(names)) != len(names):
             raise ValueError(f"duplicate knob names in {names}")
         self.knobs = list(knobs)
         self._by_name = {k.name: k for k in knobs}
+        if self.size > MAX_SPACE_SIZE:
+            raise FarmError(f"the config space has {self.size:.3e} configs, more than the farm's bound of "
+                            f"2^62 (config indices are 64-bit integers)")
 
     @cached_property
     def size(self) -> int:
@@ -150,10 +211,10 @@ class ConfigSpace:
 
     def index(self, values: Mapping[str, KnobValue]) -> int:
         """The index of the config with these knob values (every knob exactly once)."""
-        extra = sorted(set(values) - set(self._by_name))
+        extra = sorted(str(k) for k in set(values) - set(self._by_name))
         missing = [k.name for k in self.knobs if k.name not in values]
         if extra or missing:
-            raise FarmError(f"config does not fit the space: unknown knobs {extra}, missing {missing}")
+            raise FarmError(f"config does not fit the space: unknown knobs {brief(extra)}, missing {missing}")
         index, radix = 0, 1
         for knob in self.knobs:
             index += knob.index(values[knob.name]) * radix
@@ -161,9 +222,10 @@ class ConfigSpace:
         return index
 
     def from_json(self, doc: Mapping[str, KnobValue]) -> Config:
-        """Validate a JSON config against this space and return it (with its index)."""
+        """Validate a JSON config against this space and return it (with its index); FarmError,
+        and no other exception, for anything that is not exactly one of its configs."""
         if not isinstance(doc, Mapping):
-            raise FarmError(f"a config must be a JSON object of knob values, got {doc!r}")
+            raise FarmError(f"a config must be a JSON object of knob values, got {brief(doc)}")
         return self.get(self.index(doc))
 
     def shards(self, count: int) -> list[Shard]:

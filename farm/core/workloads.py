@@ -13,43 +13,58 @@ The argument order of the built function is ``inputs..., output``.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from farm.core.errors import FarmError
+from farm.core.errors import FarmError, brief
 
 DTYPES = ("float32", "float16")
+# Bounds on a workload, checked when it is made (so at submit, before anything is written).
+# Every integer parameter (a size, a stride, a pad) is at most MAX_EXTENT (2^20: a million tokens
+# of a matmul): the config space of a loop is enumerated from its extent's divisors, and no extent
+# up to 2^20 has more than 125,440 4-way splits (farm.core.space.MAX_KNOB_VALUES).
+MAX_EXTENT = 2**20
+# Every tensor (inputs and output) has at most MAX_TENSOR_ELEMENTS elements: TVM indexes buffers
+# with int32 unless told otherwise, and the farm allocates each tensor on the device to measure.
+MAX_TENSOR_ELEMENTS = 2**31 - 1
 
 
 @dataclass(frozen=True)
 class Param:
-    """One parameter of a workload: an int (>= `minimum`) or one of `choices`."""
+    """One parameter of a workload: an int in [`minimum`, `maximum`] or one of `choices`."""
 
     name: str
     default: Any = None  # None: required
     choices: tuple[str, ...] | None = None
     minimum: int = 1
+    maximum: int = MAX_EXTENT
 
     def parse(self, workload: str, raw: Any) -> Any:
         """Return the parameter's value from `raw` (a string from the CLI or a Python value)."""
         if self.choices is not None:
-            value = str(raw)
-            if value not in self.choices:
+            if raw not in self.choices:  # strings only: 1 is not "1", nor a list a choice
                 raise FarmError(
-                    f"{workload}: {self.name}={raw!r} is not one of {', '.join(self.choices)}"
+                    f"{workload}: {self.name}={brief(raw)} is not one of {', '.join(self.choices)}"
                 )
-            return value
-        if isinstance(raw, bool):
-            raise FarmError(f"{workload}: {self.name} must be an integer, got {raw!r}")
-        try:
-            value = int(raw) if isinstance(raw, int) else int(str(raw).strip(), 10)
-        except ValueError:
-            raise FarmError(f"{workload}: {self.name} must be an integer, got {raw!r}") from None
+            return str(raw)
+        if isinstance(raw, int) and not isinstance(raw, bool):
+            value = raw
+        elif isinstance(raw, str):  # from the command line
+            try:
+                value = int(raw.strip(), 10)
+            except ValueError:  # also a string of more than 4300 digits
+                raise FarmError(f"{workload}: {self.name} must be an integer, got {brief(raw)}") from None
+        else:  # True, 2.5, None, a list: not an integer, whatever int() would make of it
+            raise FarmError(f"{workload}: {self.name} must be an integer, got {brief(raw)}")
         if value < self.minimum:
             raise FarmError(f"{workload}: {self.name} must be >= {self.minimum}, got {value}")
+        if value > self.maximum:
+            raise FarmError(f"{workload}: {self.name}={brief(value)} is larger than the farm's bound of "
+                            f"{self.maximum:,} on every extent")
         return value
 
 
@@ -486,22 +501,29 @@ PRESETS: dict[str, tuple[str, dict[str, Any], str]] = {
 def make_workload(name: str, params: Mapping[str, Any] | None = None) -> Workload:
     """Build a validated Workload from a workload or preset name and parameter overrides.
 
-    Raises FarmError for an unknown name, an unknown, missing or malformed parameter, or a
-    combination with no valid kernel.
+    Raises FarmError for an unknown name, an unknown, missing or malformed parameter (an integer
+    outside [minimum, MAX_EXTENT]), a combination with no valid kernel, or a tensor of more than
+    MAX_TENSOR_ELEMENTS elements.
     """
+    if not isinstance(name, str):
+        raise FarmError(f"a workload is a name or (name, {{param: value}}), got {brief(name)}")
+    if params is not None and not isinstance(params, Mapping):
+        raise FarmError(f"{brief(name)}: parameters must be a dict of name: value, got {brief(params)}")
+    if not all(isinstance(key, str) for key in params or {}):
+        raise FarmError(f"{brief(name)}: parameter names must be strings, got {brief(list(params or {}))}")
     overrides = dict(params or {})
     if name in PRESETS:
         name, base, _ = PRESETS[name]
         overrides = {**base, **overrides}
     if name not in WORKLOADS:
         known = ", ".join([*WORKLOADS, *PRESETS])
-        raise FarmError(f"unknown workload or preset {name!r}; known: {known}")
+        raise FarmError(f"unknown workload or preset {brief(name)}; known: {known}")
     definition = WORKLOADS[name]
     names = {prm.name for prm in definition.params}
     unknown = sorted(set(overrides) - names)
     if unknown:
         raise FarmError(
-            f"{name}: unknown parameter(s) {', '.join(unknown)}; parameters: {', '.join(names)}"
+            f"{name}: unknown parameter(s) {brief(', '.join(unknown))}; parameters: {', '.join(names)}"
         )
     values: dict[str, Any] = {}
     for prm in definition.params:
@@ -512,7 +534,13 @@ def make_workload(name: str, params: Mapping[str, Any] | None = None) -> Workloa
         else:
             raise FarmError(f"{name}: missing parameter {prm.name} (give it as {prm.name}=VALUE)")
     definition.check(values)
-    return Workload(name, tuple(values.items()))
+    workload = Workload(name, tuple(values.items()))
+    for shape in [*workload.input_shapes(), workload.output_shape()]:
+        elements = math.prod(shape)
+        if elements > MAX_TENSOR_ELEMENTS:
+            raise FarmError(f"{workload}: a tensor of shape {shape} has {elements:,} elements, more than the "
+                            f"farm's bound of {MAX_TENSOR_ELEMENTS:,}")
+    return workload
 
 
 def parse_assignments(items: list[str]) -> dict[str, str]:
@@ -528,6 +556,7 @@ def parse_assignments(items: list[str]) -> dict[str, str]:
 
 def workload_from_json(doc: Mapping[str, Any]) -> Workload:
     """Inverse of `Workload.to_json`, validating again."""
-    if not isinstance(doc, Mapping) or "name" not in doc or not isinstance(doc.get("params"), dict):
-        raise FarmError(f"malformed workload {doc!r}: expected {{'name': ..., 'params': {{...}}}}")
-    return make_workload(str(doc["name"]), doc["params"])
+    if not isinstance(doc, Mapping) or not isinstance(doc.get("name"), str) \
+            or not isinstance(doc.get("params"), dict) or set(doc) != {"name", "params"}:
+        raise FarmError(f"malformed workload {brief(doc)}: expected {{'name': ..., 'params': {{...}}}}")
+    return make_workload(doc["name"], doc["params"])
