@@ -8,8 +8,8 @@ a synthetic farm to feed them.
 - `dashboard_queries(variables)`: every query of every panel of the farm's dashboards, with
   Grafana's variables substituted as Grafana would (`$job`, `$__rate_interval`, ...).
 - `synthetic_farm()`: serves this process's farm metrics (farm.core.metrics) while a thread
-  drives every helper with plausible values of a 2-worker llvm job; yields its scrape targets
-  in the shape `running_prometheus` takes, so that a real job's targets can replace it.
+  drives every helper with plausible values of a 2-worker llvm job; yields a `FarmMetrics`
+  (scrape targets and job id), the shape a real job's fixture yields too.
 """
 
 from __future__ import annotations
@@ -217,7 +217,10 @@ _WORKLOADS = {1: ("resnet-last-conv", 2 * 512 * 7 * 7 * 512 * 9), 2: ("matmul-25
 
 class SyntheticFarm:
     """Drives every farm.core.metrics helper, as a scheduler with two llvm workers running job 1
-    (two tasks of 2,000 trials) would, `trials_per_second` trials a second, until `stop`."""
+    (two tasks of 2,000 trials) would, `trials_per_second` trials a second, until `stop`.
+
+    Both workers' series come from this one process (a real farm has one per worker actor).
+    """
 
     def __init__(self, trials_per_second: float = 20.0, seed: int = 0) -> None:
         self.period = 1.0 / trials_per_second
@@ -225,6 +228,7 @@ class SyntheticFarm:
         self.workers = ("llvm-worker-0", "llvm-worker-1")
         self.done = dict.fromkeys(_WORKLOADS, 0)
         self.best = dict.fromkeys(_WORKLOADS, 0.05)
+        self.rounds = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="synthetic-farm")
 
@@ -257,41 +261,56 @@ class SyntheticFarm:
         rng = self.rng
         worker = self.workers[step % 2]
         task_id = 1 + (step // 40) % 2
+        if step % 32 < 2:  # each worker receives a batch of 16 every 16 of its trials
+            metrics.add_build_backlog(worker, 16)
+        metrics.add_build_backlog(worker, -1)
         status = rng.choices([s for s, _ in _STATUSES], [w for _, w in _STATUSES])[0]
         reached_device = status not in ("invalid", "build_error")
+        # Per worker 10 trials/s: timed runs of ~20 ms keep each device about 20% busy.
         metrics.observe_trial(status, "llvm", rng.lognormvariate(-0.7, 0.5),
                               upload_s=rng.lognormvariate(-5, 0.3) if reached_device else None,
-                              run_s=rng.lognormvariate(-2.5, 0.6) if reached_device else None,
+                              run_s=rng.lognormvariate(-4, 0.5) if reached_device else None,
                               check_s=rng.lognormvariate(-4.5, 0.4) if reached_device else None)
         self.done[task_id] += 1
         metrics.set_task_progress(SYNTHETIC_JOB_ID, task_id, self.done[task_id], 2000)
-        if status == "ok" and rng.random() < 0.2:
+        # Improvements get rarer as a search goes on.
+        if status == "ok" and rng.random() < min(0.3, 3 / self.done[task_id]):
             self.best[task_id] *= rng.uniform(0.9, 0.99)
             name, flop = _WORKLOADS[task_id]
             metrics.set_task_best(SYNTHETIC_JOB_ID, task_id, name, self.best[task_id],
                                   flop / self.best[task_id] / 1e9)
-        metrics.add_build_backlog(worker, rng.choice((-1, 0, 1)) if step > 4 else 2)
-        metrics.set_worker_queue(worker, 16 - step % 16, 16)
+        metrics.set_worker_queue(worker, 16 - (step // 2) % 16, 16)
         if step % 8 == 0:
             with metrics.db_write():
                 time.sleep(0.002)
         if step % 16 == 15:
+            self.rounds += 1
+            learned = 0.3 + 0.5 * (1 - math.exp(-self.rounds / 20))
             metrics.observe_round("llvm", 16 * self.period + rng.uniform(0.1, 0.5))
-            metrics.observe_retrain(SYNTHETIC_JOB_ID, task_id, rng.uniform(0.05, 0.4), rng.uniform(0.2, 0.9))
+            metrics.observe_retrain(SYNTHETIC_JOB_ID, task_id, rng.uniform(0.05, 0.4),
+                                    min(1.0, learned + rng.uniform(-0.1, 0.1)))
             metrics.heartbeat()
         if step % 200 == 199:
             metrics.rpc_session_restart(worker, "expired")
 
 
+@dataclass(frozen=True)
+class FarmMetrics:
+    """Where a running farm serves its metrics (scrape job -> ["host:port", ...]) and the id of
+    the job it runs (the Job dashboard's `$job`)."""
+
+    targets: dict[str, list[str]]
+    job_id: int
+
+
 @contextmanager
-def synthetic_farm(trials_per_second: float = 20.0) -> Iterator[dict[str, list[str]]]:
-    """Serve this process's farm metrics on a free loopback port while a SyntheticFarm runs;
-    yields the scrape targets ({"farm": ["127.0.0.1:PORT"]})."""
+def synthetic_farm(trials_per_second: float = 20.0) -> Iterator[FarmMetrics]:
+    """Serve this process's farm metrics on a free loopback port while a SyntheticFarm runs."""
     from farm.core import metrics
 
     port = metrics.serve(0)
     farm = SyntheticFarm(trials_per_second).start()
     try:
-        yield {"farm": [f"127.0.0.1:{port}"]}
+        yield FarmMetrics({"farm": [f"127.0.0.1:{port}"]}, SYNTHETIC_JOB_ID)
     finally:
         farm.stop()

@@ -23,7 +23,7 @@ from farm.core import metrics
 from tests.prom import (
     DASHBOARDS,
     ROOT,
-    SYNTHETIC_JOB_ID,
+    FarmMetrics,
     Prometheus,
     dashboard_queries,
     has_finite_value,
@@ -191,21 +191,22 @@ def test_every_queried_metric_is_defined_by_the_farm() -> None:
 # --- the dashboards against a real Prometheus --------------------------------------------------
 
 @pytest.fixture(scope="module")
-def farm_targets() -> Iterator[dict[str, list[str]]]:
-    """Scrape targets serving the farm's metrics while something drives them."""
-    with synthetic_farm() as targets:
-        yield targets
+def farm() -> Iterator[FarmMetrics]:
+    """A farm serving its metrics while something drives them: for now synthetic values; a real
+    job's fixture yields the same FarmMetrics (its processes' addresses, its job id)."""
+    with synthetic_farm() as farm_metrics:
+        yield farm_metrics
 
 
 @pytest.fixture(scope="module")
-def prometheus(farm_targets: dict[str, list[str]], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
-    with running_prometheus(farm_targets, tmp_path_factory.mktemp("prometheus")) as server:
+def prometheus(farm: FarmMetrics, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
+    with running_prometheus(farm.targets, tmp_path_factory.mktemp("prometheus")) as server:
         yield server
 
 
 @pytest.mark.slow
-def test_every_panel_query_returns_data(prometheus: Prometheus) -> None:
-    queries = dashboard_queries({"job": str(SYNTHETIC_JOB_ID)})
+def test_every_panel_query_returns_data(farm: FarmMetrics, prometheus: Prometheus) -> None:
+    queries = dashboard_queries({"job": str(farm.job_id)})
     assert len(queries) >= 20
 
     def empty() -> list[str]:
