@@ -36,4 +36,12 @@ ensure_postgres() {
   exit 2
 }
 
+ensure_prometheus() {
+  # prometheus and promtool (Debian's 2.42) for the tests of deploy/prometheus and the dashboards.
+  if command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1; then return 0; fi
+  echo "setup: installing Prometheus (Debian package)" >&2
+  if [[ $(id -u) -ne 0 ]]; then echo "setup: need root to apt-get install prometheus" >&2; exit 2; fi
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+}
+
 if [[ "${1:-}" == "--with-postgres" ]]; then ensure_postgres; fi

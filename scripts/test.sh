@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# The whole test suite: installs what it needs (.venv, PostgreSQL if none is running), checks
+# The whole test suite: installs what it needs (.venv, PostgreSQL if none is running, Prometheus), checks
 # style with ruff, then runs pytest against real PostgreSQL, Ray, and TVM RPC servers.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 source "$ROOT/scripts/setup.sh" --with-postgres
+ensure_prometheus
 cd "$ROOT"
 .venv/bin/ruff check .
 exec .venv/bin/python -m pytest -q "$@"
