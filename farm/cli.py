@@ -502,3 +502,9 @@ def main() -> None:
         message = e.format_message() if hasattr(e, "format_message") else str(e)
         print(f"farm: error: {message} (see farm --help)", file=sys.stderr)
         sys.exit(2)
+
+
+# `farm cluster up|down|status`: the one-machine cluster (deploy/cluster.py).
+from deploy.cluster import cluster_app  # noqa: E402
+
+app.add_typer(cluster_app, name="cluster")
