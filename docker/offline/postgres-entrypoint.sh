@@ -16,7 +16,7 @@ if [[ ! -s $PGDATA/PG_VERSION ]]; then
   as_postgres initdb -D "$PGDATA" -U "$user" --pwfile="$pwfile" --auth-local=trust --auth-host=scram-sha-256 >/dev/null
   rm -f "$pwfile"
   echo "host all all all scram-sha-256" >> "$PGDATA/pg_hba.conf"
-  if [[ $db != "$user" && $db != postgres ]]; then
+  if [[ $db != postgres ]]; then  # initdb makes only `postgres` and the templates
     as_postgres pg_ctl -D "$PGDATA" -o "-c listen_addresses=''" -w start >/dev/null
     as_postgres createdb -U "$user" "$db"
     as_postgres pg_ctl -D "$PGDATA" -m fast -w stop >/dev/null
