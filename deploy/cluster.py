@@ -122,8 +122,9 @@ class LocalCluster:
            ray_port: int = 0, tracker_port: int = 0, timeout: float = 120.0) -> ClusterState:
         """Start the cluster; return its state. `db`: a running database's URL (its schema is created
         or upgraded); None initialises a private PostgreSQL in the folder. Ports 0: free ones."""
-        if workers < 1 or gpus_per_worker < 1:
-            raise FarmError("--workers and --gpus-per-worker must be at least 1")
+        if workers < 0 or gpus_per_worker < 1:
+            raise FarmError("--workers must be at least 0 (0: GPU hosts join with `ray start`), "
+                            "--gpus-per-worker at least 1")
         if self.state_path.exists() and any(s.process() for s in ClusterState.load(self.state_path).services):
             raise FarmError(f"a cluster is running in {self.folder}: `farm cluster down --folder {self.folder}` first")
         try:
@@ -140,7 +141,7 @@ class LocalCluster:
         try:
             if db is None:
                 state.db = self._start_postgres(state, timeout)
-            self._farm(["db", "upgrade", "--db", state.db], "the database")
+            self._farm(["db", "upgrade"], state.db, "the database")
             self._start_ray(state, timeout)
             self._start_tracker(state, timeout)
             self._start_scheduler(state, timeout)
@@ -152,6 +153,7 @@ class LocalCluster:
 
     def _save(self, state: ClusterState) -> None:
         tmp = self.state_path.with_suffix(".tmp")
+        tmp.touch(mode=0o600)  # it holds the database URL, password included
         tmp.write_text(json.dumps(asdict(state), indent=2))
         tmp.replace(self.state_path)
 
@@ -166,25 +168,30 @@ class LocalCluster:
         link.symlink_to(root)
         return root
 
-    def _env(self) -> dict[str, str]:
-        """The services' environment: Ray's token authentication, this checkout importable, the marker."""
+    def _env(self, host: str = "127.0.0.1") -> dict[str, str]:
+        """The services' environment: Ray's token authentication, this checkout importable, the marker,
+        and the address the worker actors' RPC servers bind (the one the tracker hands out for them)."""
         token = self.folder / TOKEN_FILE
         if not token.exists():
             token.touch(mode=0o600)
             token.write_text(secrets.token_hex(32))
         env = dict(os.environ, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token), PYTHONUNBUFFERED="1",
-                   FARM_CLUSTER=str(self.folder))  # the marker `down` finds every process of the cluster by
+                   FARM_CLUSTER=str(self.folder),  # the marker `down` finds every process of the cluster by
+                   FARM_RPC_HOST=host)
         env.pop("RAY_AUTH_TOKEN", None)  # it would take precedence over the cluster's token file
         repo = str(Path(__file__).resolve().parent.parent)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [repo, env.get("PYTHONPATH")]))
         return env
 
-    def _spawn(self, state: ClusterState, name: str, argv: list[str], user: str | None = None) -> Service:
-        """Start `argv` as the leader of a new process group, its output in logs/NAME.log, and record it."""
+    def _spawn(self, state: ClusterState, name: str, argv: list[str], user: str | None = None,
+               env: dict[str, str] | None = None) -> Service:
+        """Start `argv` as the leader of a new process group, its output in logs/NAME.log, and record it.
+        `env`: variables beyond `_env`'s (secrets go there, never on a command line others can read)."""
         log = self.logs / f"{name}.log"
         with open(log, "ab") as out:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                    env=self._env(), start_new_session=True, user=user)
+                                    env={**self._env(state.host), **(env or {})}, start_new_session=True,
+                                    user=user)
         service = Service(name, proc.pid, psutil.Process(proc.pid).create_time(), str(log))
         state.services.append(service)
         self._save(state)
@@ -201,9 +208,10 @@ class LocalCluster:
             time.sleep(0.2)
         raise FarmError(f"{what} did not come up within {timeout:.0f} s; see {service.log}")
 
-    def _farm(self, args: list[str], what: str) -> None:
-        """Run a `farm` command to completion; its error line becomes a FarmError."""
-        proc = subprocess.run([sys.executable, "-m", "farm", *args], env=self._env(), capture_output=True, text=True)
+    def _farm(self, args: list[str], db: str, what: str) -> None:
+        """Run a `farm` command on database `db` to completion; its error line becomes a FarmError."""
+        proc = subprocess.run([sys.executable, "-m", "farm", *args], env=dict(self._env(), FARM_DB=db),
+                              capture_output=True, text=True)
         if proc.returncode != 0:
             lines = (proc.stderr or proc.stdout).strip().splitlines() or [f"exit status {proc.returncode}"]
             raise FarmError(f"{what}: {lines[-1].removeprefix('farm: error: ')}")
@@ -221,28 +229,39 @@ class LocalCluster:
                 raise FarmError("PostgreSQL refuses to run as root and there is no `postgres` user: "
                                 "run `farm cluster up` as another user, or give --db URL") from None
         data = self.folder / "postgres"
+        password_file = self.folder / "postgres-password"
         port = free_port(state.host)
         if not (data / "PG_VERSION").exists():
             data.mkdir(mode=0o700, exist_ok=True)
+            password_file.touch(mode=0o600)
+            password_file.write_text(secrets.token_hex(16))
+            initdb_password = self.folder / ".initdb-password"  # read by initdb as the server's user
+            shutil.copyfile(password_file, initdb_password)
             if user is not None:
                 shutil.chown(data, user, user)
-            init = subprocess.run([str(bin_dir / "initdb"), "-D", str(data), "-U", "farm", "--auth=trust",
-                                   "--no-sync"], user=user, capture_output=True, text=True)
+                shutil.chown(initdb_password, user, user)
+            # Passwords over TCP (`host` may be a private network's address); the socket lives in the
+            # data folder, which only the server's user can enter.
+            init = subprocess.run([str(bin_dir / "initdb"), "-D", str(data), "-U", "farm", "--auth-local=trust",
+                                   "--auth-host=scram-sha-256", f"--pwfile={initdb_password}", "--no-sync"],
+                                  user=user, capture_output=True, text=True)
+            initdb_password.unlink()
             if init.returncode != 0:
                 raise FarmError(f"initdb failed: {(init.stderr or init.stdout).strip().splitlines()[-1]}")
+        password = password_file.read_text().strip()
         service = self._spawn(state, "postgres", [str(bin_dir / "postgres"), "-D", str(data), "-p", str(port),
                                                   "-c", f"listen_addresses={state.host}",
                                                   "-c", f"unix_socket_directories={data}"], user=user)
         self._wait(service, lambda: subprocess.run(
             [str(bin_dir / "pg_isready"), "-q", "-h", state.host, "-p", str(port)]).returncode == 0,
             "PostgreSQL", timeout)
-        exists = subprocess.run([str(bin_dir / "psql"), "-h", state.host, "-p", str(port), "-U", "farm", "-d",
-                                 "postgres", "-tAc", "SELECT 1 FROM pg_database WHERE datname = 'farm'"],
-                                capture_output=True, text=True)
+        client = {"env": dict(os.environ, PGPASSWORD=password), "capture_output": True, "text": True}
+        connect = ["-h", state.host, "-p", str(port), "-U", "farm"]
+        exists = subprocess.run([str(bin_dir / "psql"), *connect, "-d", "postgres", "-tAc",
+                                 "SELECT 1 FROM pg_database WHERE datname = 'farm'"], **client)
         if exists.stdout.strip() != "1":
-            subprocess.run([str(bin_dir / "createdb"), "-h", state.host, "-p", str(port), "-U", "farm", "farm"],
-                           check=True, capture_output=True)
-        return f"postgresql://farm@{state.host}:{port}/farm"
+            subprocess.run([str(bin_dir / "createdb"), *connect, "farm"], check=True, **client)
+        return f"postgresql://farm:{password}@{state.host}:{port}/farm"
 
     def _ray_node(self, state: ClusterState, name: str, head: bool) -> Service:
         """`ray start --block` for one node, with ports of its own (several nodes share this machine)."""
@@ -281,8 +300,8 @@ class LocalCluster:
     def _start_scheduler(self, state: ClusterState, timeout: float) -> None:
         """`farm scheduler`, up once it logs that it serves (it has opened the database)."""
         scheduler = self._spawn(state, "scheduler", [
-            sys.executable, "-m", "farm", "scheduler", "--db", state.db, "--ray-address", state.ray_address,
-            "--tracker", state.tracker, "--log-dir", str(self.logs / "rpc")])
+            sys.executable, "-m", "farm", "scheduler", "--ray-address", state.ray_address,
+            "--tracker", state.tracker, "--log-dir", str(self.logs / "rpc")], env={"FARM_DB": state.db})
         self._wait(scheduler, lambda: " serving " in Path(scheduler.log).read_text(errors="replace"),
                    "the scheduler", timeout)
 
@@ -407,7 +426,8 @@ FolderOption = Annotated[Path, typer.Option(help="The cluster's folder: state, l
 @cluster_app.command("up")
 def up_command(
     folder: FolderOption = Path(".farm-cluster"),
-    workers: Annotated[int, typer.Option(help="Ray worker nodes, each with GPUS_PER_WORKER GPUs.")] = 2,
+    workers: Annotated[int, typer.Option(help="Ray worker nodes, each with GPUS_PER_WORKER GPUs (0: only the "
+                                         "head's services; GPU hosts join with `ray start`).")] = 2,
     gpus_per_worker: Annotated[int, typer.Option(help="GPU resources per worker node (logical on a CPU-only "
                                                  "machine: their actors measure llvm kernels).")] = 1,
     db: Annotated[str | None, typer.Option(help="A running database's URL (default: a private PostgreSQL "

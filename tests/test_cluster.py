@@ -107,7 +107,8 @@ def test_cluster_up_submit_export_down_leaves_nothing(folder: Path) -> None:
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--workers", "0"], "--workers and --gpus-per-worker must be at least 1"),
+    (["--workers", "-1"], "--workers must be at least 0"),
+    (["--gpus-per-worker", "0"], "--gpus-per-worker at least 1"),
     (["--db", "postgresql://farm@127.0.0.1:1/nothing"], "cannot connect"),
     (["--host", "no-such-host.invalid"], "does not resolve"),
 ])
