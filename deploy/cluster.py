@@ -128,9 +128,11 @@ class LocalCluster:
         if self.state_path.exists() and any(s.process() for s in ClusterState.load(self.state_path).services):
             raise FarmError(f"a cluster is running in {self.folder}: `farm cluster down --folder {self.folder}` first")
         try:
-            socket.getaddrinfo(host, None)
+            free_port(host)
         except socket.gaierror as e:
             raise FarmError(f"host {host!r} does not resolve: {e.strerror}") from None
+        except OSError as e:
+            raise FarmError(f"cannot listen on {host}: {e.strerror} (--host is an address of this machine)") from None
         self.folder.mkdir(parents=True, exist_ok=True)
         self.logs.mkdir(exist_ok=True)
         ray_temp = self._ray_temp()

@@ -111,6 +111,7 @@ def test_cluster_up_submit_export_down_leaves_nothing(folder: Path) -> None:
     (["--gpus-per-worker", "0"], "--gpus-per-worker at least 1"),
     (["--db", "postgresql://farm@127.0.0.1:1/nothing"], "cannot connect"),
     (["--host", "no-such-host.invalid"], "does not resolve"),
+    (["--host", "198.51.100.77"], "cannot listen on 198.51.100.77"),
 ])
 def test_cluster_up_bad_input_is_one_line_and_starts_nothing(folder: Path, args: list[str], message: str) -> None:
     started = time.time()
