@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.table import Table
 
+from deploy.cluster import cluster_app
 from farm.core.errors import FarmError, require_folder_of
 from farm.progress import make_console
 
@@ -426,6 +427,7 @@ def report(
 
 db_app = typer.Typer(help="The farm's database: schema migrations.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
+app.add_typer(cluster_app, name="cluster")  # farm cluster up|down|status: the one-machine cluster
 
 
 @db_app.command("upgrade")
@@ -492,3 +494,4 @@ def main() -> None:
         message = e.format_message() if hasattr(e, "format_message") else str(e)
         print(f"farm: error: {message} (see farm --help)", file=sys.stderr)
         sys.exit(2)
+

