@@ -42,7 +42,7 @@ def run_once(args: argparse.Namespace, gpus: int, seed: int) -> dict[str, Any]:
     name = f"g{gpus}-s{seed}"
     started = time.time()
     wall, db = farm_tune(args.workload, args.params, args.target, args.trials, "xgb", seed, args.out, name,
-                         ["--workers", str(gpus)])
+                         ["--workers", str(gpus), "--verbose"])
     store = open_store(f"sqlite:///{db}")
     (job,) = store.jobs()
     use = utilisation(store, job["id"])

@@ -15,6 +15,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -71,9 +72,14 @@ class Scheduler:
     def _ray_pool(self, kind: str, count: int, keys: Sequence[str]) -> WorkerPool:
         # In the thread that runs the job: a Ray driver started in a thread that then ends
         # loses its cluster ("Failed to connect to GCS").
+        start = time.monotonic()
         init_ray(self.ray_address)
-        return RayWorkerPool(self.tracker, kind, count, list(keys) or None, self.build_workers,
+        log.info("Ray ready in %.1f s", time.monotonic() - start)
+        pool = RayWorkerPool(self.tracker, kind, count, list(keys) or None, self.build_workers,
                              str(self.log_dir) if self.log_dir else None, name=f"{kind}-worker")
+        log.info("%d %s worker actor(s) up in %.1f s (each: RPC server registered, %s)", pool.size, kind,
+                 time.monotonic() - start, ", ".join(f"{i['name']} {i['startup_seconds']:.1f} s" for i in pool.infos))
+        return pool
 
     def claim_and_run(self, job_id: int, on_progress: Callable[[Progress], None] | None = None) -> str:
         """Claim job `job_id` for this scheduler and run it; its final status (the job's status

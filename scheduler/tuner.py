@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -87,7 +88,10 @@ def _run_task(store: ResultStore, writer: ResultWriter, job_id: int, row: dict[s
     correlation on the round's results.
     """
     measured = store.measured_indices(row["id"])
+    start = time.monotonic()
     searches = pool.searches(search, task, seed, measured)
+    log.info("task %s: %d shard searches (%s) ready in %.1f s", row["id"], searches.count, search,
+             time.monotonic() - start)
     try:
         return _tune(store, writer, job_id, row, task, pool, searches, batch_size, report, stall_seconds,
                      len(measured))

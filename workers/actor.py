@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ class WorkerActor:
                  own_server: bool = True, build_workers: int | None = None, log_dir: str | None = None) -> None:
         import ray
 
+        start = time.monotonic()
         gpus = [str(g) for g in ray.get_gpu_ids()]
         self.host = socket.gethostname()
         self.gpu = ",".join(gpus) if gpus else None
@@ -37,10 +39,12 @@ class WorkerActor:
                                   host=os.environ.get("FARM_RPC_HOST", "127.0.0.1"),
                                   build_workers=build_workers or _build_slots(),
                                   log_dir=Path(log_dir) if log_dir else None).start()
+        self.startup_seconds = time.monotonic() - start
 
     def info(self) -> dict[str, Any]:
         """Where this worker runs and which device key it measures on."""
         return {"name": self.device.name, "host": self.host, "gpu": self.gpu, "key": self.device.key,
+                "startup_seconds": self.startup_seconds,
                 "busy_seconds": self.device.worker.busy_seconds}
 
     def process(self, task_json: str, indices: list[int], shard: int, round_: int) -> list[dict[str, Any]]:

@@ -19,17 +19,23 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import hashlib
+import json
 import multiprocessing
 import os
+import queue
 import re
 import shutil
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -196,11 +202,12 @@ def _warm_process(nvcc: bool) -> None:
 class Builder(Protocol):
     """Compiles candidates of a task into libraries a Runner can load.
 
-    Contract: `build(task, indices)` returns one BuildResult per index, in order, and never
-    raises for a candidate's failure (compile error, invalid config, timeout, crash: each is
-    a BuildResult with its status). `submit` is `build` in the background. `workers` is how
-    many candidates it compiles at once (callers size their chunks by it). Thread-safe;
-    `close()` releases its processes and artifacts.
+    Contract: `submit(task, indices)` returns at once one future per index, in order, each
+    resolving to that candidate's BuildResult as soon as it is built (in any order), never to an
+    exception for a candidate's failure (compile error, invalid config, timeout, crash: each is
+    a BuildResult with its status). `build` waits for them all. Candidates are built in the
+    order they were submitted, `workers` at a time. Thread-safe; `close()` releases its
+    processes and artifacts.
     """
 
     @property
@@ -210,102 +217,160 @@ class Builder(Protocol):
         """Start what building `kind` kernels needs (processes, imports, compilers) in the
         background; returns at once."""
 
-    def submit(self, task: Task, indices: list[int]) -> cf.Future[list[BuildResult]]: ...
+    def submit(self, task: Task, indices: list[int]) -> list[cf.Future[BuildResult]]: ...
 
     def build(self, task: Task, indices: list[int]) -> list[BuildResult]: ...
 
     def close(self) -> None: ...
 
 
-class ProcessPoolBuilder:
-    """The Builder of this node: batches of candidates compiled in a process pool.
+@dataclass
+class _Request:
+    """One candidate waiting for a build slot."""
 
-    `build(task, indices)` returns one BuildResult per index, in order, never raising for a
-    candidate's failure. A candidate exceeding `timeout` seconds is recorded as TIMEOUT; a
-    crash of a pool process (segfault in the compiler) as BUILD_ERROR; the pool is replaced
-    and the other candidates of the batch are built again. Artifacts go to a private
-    temporary directory removed by `close()`.
+    task: Task
+    task_json: str
+    index: int
+    future: cf.Future[BuildResult]
+
+
+BuildFunction = Callable[[str, int, str], BuildResult]
+
+
+def _serve(conn: Connection, build: BuildFunction) -> None:
+    """A build process: `build` each (task_json, index, out_dir) it is sent and send the
+    BuildResult back; ("warm", nvcc) imports TVM (and runs nvcc once); None ends it."""
+    _init_pool_process()
+    while (message := conn.recv()) is not None:
+        if message[0] == "warm":
+            _warm_process(message[1])
+            conn.send(None)
+        else:
+            conn.send(build(*message))
+
+
+class ProcessPoolBuilder:
+    """The Builder of this node: `workers` build slots, each a thread of this process driving one
+    long-lived spawned build process (TVM imported once, the compiler warm), one candidate at a
+    time from a shared queue.
+
+    A candidate's `timeout` counts from when its slot starts it, not from when it was queued; a
+    candidate past it is recorded as TIMEOUT and only its own process is killed and replaced;
+    one that crashes its process (a segfault in the compiler) is recorded as BUILD_ERROR, and
+    its process is replaced. Other candidates never notice. Artifacts go to a private temporary
+    directory removed by `close()`.
     """
 
-    def __init__(self, workers: int | None = None, timeout: float = 60.0) -> None:
+    def __init__(self, workers: int | None = None, timeout: float = 60.0, build: BuildFunction = build_one) -> None:
+        """`build` (a module-level function, run in the build processes) builds one candidate:
+        `build_one`, unless a test injects failures."""
+        self._build = build
         self._workers = workers or max(1, (os.cpu_count() or 2))
         self.timeout = timeout
         self.dir = tempfile.mkdtemp(prefix="farm-build-")
-        self._pool: cf.ProcessPoolExecutor | None = None
+        self._queue: queue.Queue[_Request | None] = queue.Queue()
+        self._slots: list[threading.Thread] = []
+        self._procs: dict[int, BaseProcess] = {}  # slot -> its build process
+        self._lock = threading.Lock()
+        self._nvcc = False  # warm nvcc in the first slot's process (set by warm("cuda"))
 
     @property
     def workers(self) -> int:
         return self._workers
 
-    def _executor(self) -> cf.ProcessPoolExecutor:
-        if self._pool is None:
-            # spawn, not fork: forking a process with TVM's thread pool alive can deadlock.
-            self._pool = cf.ProcessPoolExecutor(
-                self.workers, mp_context=multiprocessing.get_context("spawn"),
-                initializer=_init_pool_process,
-            )
-        return self._pool
-
     def warm(self, kind: str) -> None:
-        pool = self._executor()
-        for i in range(self.workers):  # one task per process, so that every process starts now
-            pool.submit(_warm_process, kind == "cuda" and i == 0)
+        self._nvcc = kind == "cuda"
+        self._start_slots()
 
-    def _reset(self) -> None:
-        if self._pool is not None:
-            for proc in list(getattr(self._pool, "_processes", {}).values()):
-                proc.kill()
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None
+    def _start_slots(self) -> None:
+        with self._lock:
+            if self._slots:
+                return
+            for slot in range(self._workers):
+                thread = threading.Thread(target=self._run_slot, args=(slot,), daemon=True,
+                                          name=f"farm-build-slot-{slot}")
+                thread.start()
+                self._slots.append(thread)
 
-    def submit(self, task: Task, indices: list[int]) -> cf.Future[list[BuildResult]]:
-        """Start building in the background; the future's result is `build`'s."""
-        runner = cf.ThreadPoolExecutor(1)
-        future = runner.submit(self.build, task, indices)
-        runner.shutdown(wait=False)
-        return future
+    def submit(self, task: Task, indices: list[int]) -> list[cf.Future[BuildResult]]:
+        self._start_slots()
+        task_json = json.dumps(task.to_json(), sort_keys=True)
+        futures: list[cf.Future[BuildResult]] = []
+        for index in indices:
+            futures.append(cf.Future())
+            self._queue.put(_Request(task, task_json, index, futures[-1]))
+        return futures
 
     def build(self, task: Task, indices: list[int]) -> list[BuildResult]:
-        import json
+        return [f.result() for f in self.submit(task, indices)]
 
-        task_json = json.dumps(task.to_json(), sort_keys=True)
-        results: dict[int, BuildResult] = {}
-        pending, isolate = list(indices), False
-        while pending:
-            # After a crash, build one candidate at a time so the crashing one is found.
-            chunk = pending[:1] if isolate else pending
-            crashed = self._run(task, task_json, chunk, results)
-            if crashed:
-                self._reset()
-                if isolate:
-                    results[chunk[0]] = BuildResult(
-                        chunk[0], task.space.get(chunk[0]).to_json(), Status.BUILD_ERROR,
-                        "the compiler process crashed building this config")
-                isolate = True
-            pending = [i for i in pending if i not in results]
-        return [results[i] for i in indices]
+    def _spawn(self, slot: int) -> tuple[BaseProcess, Connection]:
+        # spawn, not fork: forking a process with TVM's thread pool alive can deadlock.
+        ctx = multiprocessing.get_context("spawn")
+        parent, child = ctx.Pipe()
+        proc = ctx.Process(target=_serve, args=(child, self._build), daemon=True, name=f"farm-build-{slot}")
+        proc.start()
+        child.close()
+        self._procs[slot] = proc
+        parent.send(("warm", self._nvcc and slot == 0))
+        return proc, parent
 
-    def _run(self, task: Task, task_json: str, chunk: list[int], results: dict[int, BuildResult]) -> bool:
-        """Build `chunk` in the pool into `results`; True if a pool process crashed."""
-        pool = self._executor()
-        futures = {pool.submit(build_one, task_json, i, self.dir): i for i in chunk}
-        deadline = time.monotonic() + self.timeout * max(1.0, len(chunk) / self.workers)
-        hung = False
-        for future, index in futures.items():
+    def _run_slot(self, slot: int) -> None:
+        """One slot: take candidates off the queue until close(), each built in this slot's process."""
+        proc, conn = self._spawn(slot)
+        warming = True  # the process answers its warm-up first
+        while (request := self._queue.get()) is not None:
             try:
-                results[index] = future.result(timeout=max(deadline - time.monotonic(), 1.0))
-            except cf.TimeoutError:
-                results[index] = BuildResult(index, task.space.get(index).to_json(), Status.TIMEOUT,
-                                             f"build took longer than {self.timeout:.0f} s")
-                hung = True
-            except cf.process.BrokenProcessPool:
-                return True
-        if hung:  # its process is still busy: replace the pool
-            self._reset()
-        return False
+                if warming or not proc.is_alive():
+                    proc, conn = self._ready(slot, proc, conn)
+                    warming = False
+                result, replace = self._build_in(proc, conn, request)
+            except Exception as e:  # its process could not be started or talked to
+                result = BuildResult(request.index, request.task.space.get(request.index).to_json(),
+                                     Status.BUILD_ERROR, f"the build process failed: {one_line(e)}")
+                replace = True
+            if replace:
+                proc.kill()
+                proc.join()
+                proc, conn = self._spawn(slot)
+                warming = True
+            request.future.set_result(result)
+        proc.kill()
+
+    def _ready(self, slot: int, proc: BaseProcess, conn: Connection) -> tuple[BaseProcess, Connection]:
+        """The slot's process once it has answered its warm-up (the first nvcc's seconds, maybe);
+        a new one if it died."""
+        if proc.is_alive():
+            try:
+                conn.recv()
+                return proc, conn
+            except EOFError:
+                pass
+        proc, conn = self._spawn(slot)
+        conn.recv()
+        return proc, conn
+
+    def _build_in(self, proc: BaseProcess, conn: Connection, request: _Request) -> tuple[BuildResult, bool]:
+        """The candidate's result from the slot's process, and whether that process must be replaced."""
+        conn.send((request.task_json, request.index, self.dir))
+        config = request.task.space.get(request.index).to_json()
+        if not conn.poll(self.timeout):
+            error = f"build took longer than {self.timeout:.0f} s"
+            return BuildResult(request.index, config, Status.TIMEOUT, error), True
+        try:
+            return conn.recv(), False
+        except EOFError:
+            return BuildResult(request.index, config, Status.BUILD_ERROR,
+                               "the compiler process crashed building this config"), True
 
     def close(self) -> None:
-        self._reset()
+        for _ in self._slots:
+            self._queue.put(None)
+        for proc in list(self._procs.values()):
+            proc.kill()
+        for thread in self._slots:
+            thread.join(timeout=5)
+        self._slots.clear()
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def __enter__(self) -> ProcessPoolBuilder:

@@ -58,27 +58,23 @@ class Worker:
         return cls(config.name, builder, runner)
 
     def process(self, task: Task, indices: list[int], shard: int = 0, round_: int = 0) -> list[MeasureResult]:
-        """Build and measure `indices`; one result per index, in order."""
-        chunk = max(1, self.builder.workers * 2)
-        chunks = [indices[i:i + chunk] for i in range(0, len(indices), chunk)]
-        results: list[MeasureResult] = []
-        pending = self.builder.submit(task, chunks[0]) if chunks else None
-        # The reference output and the output check are made on this CPU while the first chunk compiles.
+        """Build and measure `indices`; one result per index, in order. Each candidate is measured
+        as soon as it is built, while the others still compile."""
+        builds = self.builder.submit(task, indices)
+        # The reference output and the output check are made on this CPU while the first candidates compile.
         prepared = self._preparing.submit(self.runner.prepare, task)
-        for i in range(len(chunks)):
-            assert pending is not None
-            builds = pending.result()
+        position = {id(f): i for i, f in enumerate(builds)}
+        results: list[MeasureResult | None] = [None] * len(indices)
+        for done in cf.as_completed(builds):
+            build = done.result()
             prepared.result()
-            # Start compiling the next chunk before measuring this one.
-            pending = self.builder.submit(task, chunks[i + 1]) if i + 1 < len(chunks) else None
             with self._device:
                 start = time.perf_counter()
-                measured = self.runner.measure(task, builds)
+                (measured,) = self.runner.measure(task, [build])
                 self.busy_seconds += time.perf_counter() - start
-            for r in measured:
-                r.worker, r.shard, r.round = self.name, shard, round_
-            results.extend(measured)
-        return results
+            measured.worker, measured.shard, measured.round = self.name, shard, round_
+            results[position[id(done)]] = measured
+        return [r for r in results if r is not None]
 
     def close(self) -> None:
         self._preparing.shutdown(wait=False, cancel_futures=True)
