@@ -54,7 +54,7 @@ class MemoDevice:
     memoised (see the module docstring). Use with ``with``; it serves any number of jobs."""
 
     def __init__(self, log_dir: Path | None = None, cache_file: Path | None = None, kind: str = "llvm") -> None:
-        self.kind = kind
+        self.kind, self.name = kind, "bench"
         self.device = LocalDevice(kind, "bench", gpu="0", log_dir=log_dir or Path(tempfile.mkdtemp(prefix="farm-")))
         self.cache_file = cache_file
         self.cache = load_cache(cache_file) if cache_file is not None and cache_file.exists() else {}

@@ -182,6 +182,10 @@ class ResultStore(ABC):
         """The newest `limit` jobs, newest first: each one's row plus ``trials`` (its total)."""
 
     @abstractmethod
+    def job_counts(self) -> dict[str, int]:
+        """How many jobs are in each state (states without a job are left out)."""
+
+    @abstractmethod
     def job_status(self, job_id: int) -> str:
         """The job's status (a `JobStatus` value); FarmError if there is no such job."""
 
@@ -508,6 +512,11 @@ class SQLResultStore(ResultStore):
         )
         with self._read() as connection:
             return [_dict(row) for row in connection.execute(statement)]
+
+    def job_counts(self) -> dict[str, int]:
+        with self._read() as connection:
+            rows = connection.execute(select(_JOBS.c.status, func.count()).group_by(_JOBS.c.status)).all()
+        return {str(status): int(count) for status, count in rows}
 
     def job_status(self, job_id: int) -> str:
         with self._read() as connection:

@@ -12,6 +12,7 @@ from sqlalchemy import Engine, Text, cast, func, select
 
 from db.engine import dialect_insert, for_writing
 from db.models import TaskRecord, TrialRecord, utcnow
+from farm.core import metrics
 from farm.core.measure import MeasureResult, Status
 
 # Postgres channel on which every flush that stored trials announces the ids of their jobs.
@@ -119,7 +120,8 @@ class ResultWriter:
             if not rows:
                 return 0
             try:
-                inserted = self._insert(rows)
+                with metrics.db_write():
+                    inserted = self._insert(rows)
             except BaseException:
                 with self._lock:
                     self._rows[:0] = rows

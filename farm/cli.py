@@ -193,13 +193,26 @@ def scheduler(
     poll: Annotated[float, typer.Option(help="Seconds between looks for queued jobs.")] = 1.0,
     once: Annotated[bool, typer.Option("--once", help="Exit when no job is queued.")] = False,
     log_dir: Annotated[Path | None, typer.Option(help="Keep the tracker's and servers' logs here.")] = None,
+    metrics_port: Annotated[int | None, typer.Option(
+        min=0, max=65535, help="Serve Prometheus metrics at http://HOST:PORT/metrics (default "
+        "$FARM_SCHEDULER_METRICS_PORT, else 9100; 0: any free port). Worker actors serve theirs on "
+        "$FARM_WORKER_METRICS_PORT (9101) + their GPU.")] = None,
+    metrics_host: Annotated[str, typer.Option(help="Address the metrics listen on (0.0.0.0 in a container).")]
+    = "127.0.0.1",
 ) -> None:
     """Run the scheduler service: claim queued jobs and run them on worker actors, one per device."""
+    from farm.core import metrics
     from scheduler.service import Scheduler
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     address = _host_port(tracker) if tracker else None
     store = _open_store(db)
+    try:
+        port = metrics.serve(metrics.scheduler_port() if metrics_port is None else metrics_port, metrics_host)
+    except OSError as e:
+        raise FarmError(f"cannot serve metrics on {metrics_host}:{metrics_port}: {e.strerror}; "
+                        "give another --metrics-port") from None
+    logging.getLogger("farm.scheduler").info("metrics at http://%s:%d/metrics", metrics_host, port)
     with Scheduler(store, tracker=address, ray_address=ray_address, log_dir=log_dir) as service:
         try:
             service.serve(poll_seconds=poll, once=once)

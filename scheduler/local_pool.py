@@ -23,6 +23,8 @@ from workers.device import LocalDevice, LocalTracker
 class BatchWorker(Protocol):
     """What a LocalWorkerPool runs batches on (workers.worker.Worker's contract)."""
 
+    name: str
+
     def process(self, task: Task, indices: list[int], shard: int = 0, round_: int = 0) -> list[MeasureResult]: ...
 
     def close(self) -> None: ...
@@ -64,6 +66,10 @@ class LocalWorkerPool:
     @property
     def size(self) -> int:
         return len(self.workers)
+
+    @property
+    def names(self) -> list[str]:
+        return [w.name for w in self.workers]
 
     def submit(self, worker: int, task: Task, indices: list[int], shard: int,
                round_: int) -> cf.Future[list[MeasureResult]]:

@@ -33,6 +33,10 @@ class WorkerPool(Protocol):
     @property
     def size(self) -> int: ...
 
+    @property
+    def names(self) -> list[str]:
+        """Each worker's name (its metrics and trials carry it), in worker order."""
+
     def submit(self, worker: int, task: Task, indices: list[int], shard: int,
                round_: int) -> cf.Future[list[MeasureResult]]: ...
 

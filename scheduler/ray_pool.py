@@ -58,6 +58,10 @@ class RayWorkerPool:
     def size(self) -> int:
         return len(self.actors)
 
+    @property
+    def names(self) -> list[str]:
+        return [info["name"] for info in self.infos]
+
     def submit(self, worker: int, task: Task, indices: list[int], shard: int,
                round_: int) -> cf.Future[list[MeasureResult]]:
         task_json = json.dumps(task.to_json(), sort_keys=True)

@@ -11,6 +11,7 @@ default, or whatever a `pool_factory` makes (the in-process scheduler.local_pool
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from db.store import ResultStore
+from farm.core import metrics
 from farm.core.errors import one_line
 from scheduler.cluster import init_ray
 from scheduler.pool import PoolFactory, WorkerPool
@@ -79,7 +81,22 @@ class Scheduler:
                              str(self.log_dir) if self.log_dir else None, name=f"{kind}-worker")
         log.info("%d %s worker actor(s) up in %.1f s (each: RPC server registered, %s)", pool.size, kind,
                  time.monotonic() - start, ", ".join(f"{i['name']} {i['startup_seconds']:.1f} s" for i in pool.infos))
+        self._publish_targets()
         return pool
+
+    def _publish_targets(self) -> None:
+        """Where Prometheus finds the worker actors' metrics: with FARM_PROMETHEUS_TARGETS (a folder
+        that a Prometheus file_sd_config reads, deploy/prometheus/local.yml), one JSON file per
+        scheduler listing every actor's metrics address, rewritten when its pools change."""
+        folder = os.environ.get("FARM_PROMETHEUS_TARGETS")
+        if not folder:
+            return
+        targets = [{"targets": [i["metrics_address"] for pool in self._pools.values()
+                                for i in getattr(pool, "infos", [])], "labels": {"role": "worker"}}]
+        path = Path(folder) / f"workers-{os.getpid()}.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(targets))
+        tmp.replace(path)  # Prometheus never reads half a file
 
     def claim_and_run(self, job_id: int, on_progress: Callable[[Progress], None] | None = None) -> str:
         """Claim job `job_id` for this scheduler and run it; its final status (the job's status
@@ -117,6 +134,7 @@ class Scheduler:
         while not done.wait(self.heartbeat_seconds):
             try:
                 self.store.heartbeat(job_id, self.id)
+                metrics.heartbeat()
             except Exception as e:  # a database hiccup must not kill the job
                 log.warning("heartbeat for job %d failed: %s", job_id, one_line(e))
 
@@ -124,6 +142,8 @@ class Scheduler:
         """Claim and run jobs until `stop()` (or, with `once`, until no job is queued)."""
         log.info("%s serving (tracker %s:%d)", self.id, *self.tracker)
         while not self._stop.is_set():
+            metrics.heartbeat()
+            metrics.set_jobs(self.store.job_counts())
             self.store.requeue_stale(self.stale_seconds)
             job_id = self.store.claim_job(self.id)
             if job_id is None:

@@ -19,6 +19,7 @@ from typing import Any
 
 from db.store import ResultStore
 from db.writer import ResultWriter
+from farm.core import metrics
 from farm.core.errors import one_line
 from farm.core.measure import MeasureResult, Status
 from farm.core.task import Task
@@ -32,6 +33,8 @@ log = logging.getLogger("farm.scheduler")
 # together, so the first trial is recorded after its first batch: a small one (the full batch
 # queued behind it) puts a result in the database seconds after the job starts.
 FIRST_BATCH = 2
+
+Inflight = dict[cf.Future[list[MeasureResult]], tuple[int, int, list[int]]]  # batch -> (worker, shard, indices)
 
 @dataclass
 class Progress:
@@ -60,20 +63,29 @@ def run_job(
     """Run every task of the job to its budget on `pool`; returns the final status ("done" or
     "cancelled"). Results are written through one batched writer of `store`."""
     tasks = store.tasks(job_id)
-    with store.writer() as writer:
-        for number, row in enumerate(tasks):
-            task = Task.from_json({"workload": row["workload"], "target": row["target"]})
+    for row in tasks:
+        metrics.set_task_progress(job_id, row["id"], store.trial_count(row["id"]), row["budget"])
+    try:
+        with store.writer() as writer:
+            for number, row in enumerate(tasks):
+                task = Task.from_json({"workload": row["workload"], "target": row["target"]})
 
-            def report(done: int, best: float | None, last: list[MeasureResult],
-                       number: int = number, task: Task = task, budget: int = row["budget"]) -> None:
-                if on_progress is not None:
-                    on_progress(Progress(number, len(tasks), task, done, budget, best, last))
+                def report(done: int, best: float | None, last: list[MeasureResult], number: int = number,
+                           task: Task = task, row: dict[str, Any] = row) -> None:
+                    metrics.set_task_progress(job_id, row["id"], done, row["budget"])
+                    if best is not None:
+                        metrics.set_task_best(job_id, row["id"], task.workload.name, best,
+                                              task.workload.flops() / best / 1e9)
+                    if on_progress is not None:
+                        on_progress(Progress(number, len(tasks), task, done, row["budget"], best, last))
 
-            status = _run_task(store, writer, job_id, row, task, pool, search, seed, batch_size,
-                               report, stall_seconds)
-            if status == "cancelled":
-                return status
-    return "done"
+                status = _run_task(store, writer, job_id, row, task, pool, search, seed, batch_size,
+                                   report, stall_seconds)
+                if status == "cancelled":
+                    return status
+        return "done"
+    finally:
+        metrics.clear_job(job_id)
 
 
 def _run_task(store: ResultStore, writer: ResultWriter, job_id: int, row: dict[str, Any], task: Task, pool: WorkerPool,
@@ -111,12 +123,13 @@ def _tune(store: ResultStore, writer: ResultWriter, job_id: int, row: dict[str, 
     searches.set_model(current)
     round_results: list[MeasureResult] = []
     report(done, best, [])
-    inflight: dict[cf.Future[list[MeasureResult]], tuple[int, int, list[int]]] = {}
+    inflight: Inflight = {}
     queued = [0] * pool.size
     started = [False] * pool.size
     exhausted = False
     cancelled = store.job_status(job_id) == "cancelled"
     since_round = 0
+    round_started = time.monotonic()
     while True:
         # Fill the queues level by level, so that every worker gets work before any gets two
         # batches, and the last trials of the budget are spread over the workers too. The
@@ -143,6 +156,7 @@ def _tune(store: ResultStore, writer: ResultWriter, job_id: int, row: dict[str, 
                     continue
                 inflight[pool.submit(worker, task, indices, shard, round_)] = (worker, shard, indices)
                 queued[worker] += 1
+        _queue_metrics(pool, inflight)
         if not inflight:
             break
         finished, _ = cf.wait(list(inflight), timeout=stall_seconds, return_when=cf.FIRST_COMPLETED)
@@ -166,11 +180,23 @@ def _tune(store: ResultStore, writer: ResultWriter, job_id: int, row: dict[str, 
             writer.flush()  # the retraining reads every trial of the family from the store
             guided_by = current.model_id if current else None  # the model the round's rank_corr scores
             trained = retrain(store, row, task, current, round_results)
+            metrics.observe_retrain(job_id, task_id, trained.training_seconds, trained.rank_corr)
+            metrics.observe_round(task.target.kind, time.monotonic() - round_started)
+            round_started = time.monotonic()
             current = trained.current
             searches.set_model(current)
             store.add_round(task_id, round_, done, best, trained.rank_corr, guided_by)
             round_, since_round, round_results = round_ + 1, 0, []
     return "cancelled" if cancelled else "done"
+
+
+def _queue_metrics(pool: WorkerPool, inflight: Inflight) -> None:
+    """Per worker: candidates of its oldest unfinished batch (in flight) and of those behind it."""
+    batches: dict[int, list[int]] = {w: [] for w in range(pool.size)}
+    for worker, _, indices in inflight.values():  # in submission order
+        batches[worker].append(len(indices))
+    for worker, sizes in batches.items():
+        metrics.set_worker_queue(pool.names[worker], sizes[0] if sizes else 0, sum(sizes[1:]))
 
 
 def _results(future: cf.Future[list[MeasureResult]], task: Task, indices: list[int], shard: int,

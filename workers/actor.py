@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from farm.core import metrics
 from farm.core.task import Task
 from workers.device import LocalDevice
 
@@ -40,11 +41,13 @@ class WorkerActor:
                                   build_workers=build_workers or _build_slots(),
                                   log_dir=Path(log_dir) if log_dir else None).start()
         self.startup_seconds = time.monotonic() - start
+        self.metrics_address = _serve_metrics(int(gpus[0]) if gpus else 0)
+        metrics.set_worker_up(name, self.device.key, True)
 
     def info(self) -> dict[str, Any]:
         """Where this worker runs and which device key it measures on."""
         return {"name": self.device.name, "host": self.host, "gpu": self.gpu, "key": self.device.key,
-                "startup_seconds": self.startup_seconds,
+                "startup_seconds": self.startup_seconds, "metrics_address": self.metrics_address,
                 "busy_seconds": self.device.worker.busy_seconds}
 
     def process(self, task_json: str, indices: list[int], shard: int, round_: int) -> list[dict[str, Any]]:
@@ -53,6 +56,7 @@ class WorkerActor:
         return [r.to_json() for r in self.device.worker.process(task, indices, shard, round_)]
 
     def close(self) -> None:
+        metrics.set_worker_up(self.device.name, self.device.key, False)
         self.device.close()
 
 
@@ -64,3 +68,17 @@ def _build_slots() -> int:
     node = ray.get_runtime_context().get_node_id()
     gpus = next((n["Resources"].get("GPU", 0) for n in ray.nodes() if n["NodeID"] == node), 0)
     return max(1, (os.cpu_count() or 1) // max(1, int(gpus)))
+
+
+def _serve_metrics(local_gpu: int) -> str:
+    """Serve this actor's metrics on its node (farm.core.metrics.worker_port, on FARM_METRICS_HOST,
+    default 127.0.0.1); the HOST:PORT Prometheus scrapes. When the port is taken (another farm on
+    this machine), a free one: the scheduler lists the actual addresses (scheduler.service)."""
+    import ray
+
+    host = os.environ.get("FARM_METRICS_HOST", "127.0.0.1")
+    try:
+        port = metrics.serve(metrics.worker_port(local_gpu), host)
+    except OSError:
+        port = metrics.serve(0, host)
+    return f"{ray.util.get_node_ip_address() if host == '0.0.0.0' else host}:{port}"

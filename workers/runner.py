@@ -39,6 +39,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from farm.core import metrics
 from farm.core.errors import one_line
 from farm.core.measure import MeasureResult, Status
 from farm.core.task import Task
@@ -133,8 +134,11 @@ class RPCRunner:
         session_timeout: float = 120.0,
         on_hang: Callable[[], None] | None = None,
         screen_factor: float | None = 10.0,
+        name: str | None = None,
     ) -> None:
+        """`name`: the worker's, for its metrics (default: the device key)."""
         self.tracker, self.key, self.kind = tracker, key, kind
+        self.name = name or key
         self.evaluator = evaluator or EvaluatorConfig.for_target(kind)
         # Sessions last several candidate timeouts, or they would be renewed for every candidate.
         self.timeout, self.session_timeout = timeout, max(session_timeout, 4 * timeout + 10)
@@ -179,6 +183,7 @@ class RPCRunner:
             # A candidate started now must finish before the server ends the session.
             if s is not None and time.monotonic() - s.opened + self.timeout + 5 > self.session_timeout:
                 self._session = s = None
+                metrics.rpc_session_restart(self.name, "expired")
             if s is None:
                 s = self._session = self._open()
             return s
@@ -260,6 +265,17 @@ class RPCRunner:
         return [self.measure_one(task, b) for b in builds]
 
     def measure_one(self, task: Task, build: BuildResult) -> MeasureResult:
+        """`build` measured (see the module docstring), and counted in the worker's metrics."""
+        self.phases = {}
+        result = self._measure_one(task, build)
+        steps = self.phases
+        timed = sum(b - a for a, b in result.timeline.get("timed", []))
+        metrics.observe_trial(result.status.value, self.kind, result.build_seconds,
+                              steps["upload"] + steps.get("load", 0.0) if "upload" in steps else None,
+                              timed if "timed" in result.timeline else None, steps.get("check"))
+        return result
+
+    def _measure_one(self, task: Task, build: BuildResult) -> MeasureResult:
         result = MeasureResult(build.config_index, build.config, Status.OK, build_seconds=build.build_seconds,
                                timeline=dict(build.timeline))
         if not build.ok:
@@ -297,11 +313,13 @@ class RPCRunner:
             result.status, result.error = Status.TIMEOUT, f"ran longer than {self.timeout:.0f} s"
             log.warning("candidate %d of %s hung; dropping the session", build.config_index, task)
             self._drop_session()
+            metrics.rpc_session_restart(self.name, "timeout")
             if self.on_hang:
                 self.on_hang()
         elif "error" in box:
             result.status, result.error = Status.RUNTIME_ERROR, box["error"]
             self._drop_session()  # the session may be dead (crashed kernel): reconnect next time
+            metrics.rpc_session_restart(self.name, "error")
         return result
 
     def _run(self, task: Task, build: BuildResult, result: MeasureResult) -> None:
@@ -310,7 +328,6 @@ class RPCRunner:
         on_device = self._on_device(s, task)
         _, _, tolerance = self._reference(task)
 
-        self.phases = {}
         clock = [time.perf_counter()]
 
         def phase(name: str) -> None:

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from farm.core import metrics
 from farm.core.measure import MeasureResult
 from farm.core.task import Task
 from workers.builder import Builder, ProcessPoolBuilder
@@ -54,13 +55,16 @@ class Worker:
         registered under `config.key`; `on_hang` restarts that device's server after a hang."""
         builder = ProcessPoolBuilder(config.build_workers, config.build_timeout)
         runner = RPCRunner(config.tracker, config.key, config.kind, config.evaluator, timeout=config.run_timeout,
-                           session_timeout=config.session_timeout, on_hang=on_hang)
+                           session_timeout=config.session_timeout, on_hang=on_hang, name=config.name)
         return cls(config.name, builder, runner)
 
     def process(self, task: Task, indices: list[int], shard: int = 0, round_: int = 0) -> list[MeasureResult]:
         """Build and measure `indices`; one result per index, in order. Each candidate is measured
         as soon as it is built, while the others still compile."""
         builds = self.builder.submit(task, indices)
+        metrics.add_build_backlog(self.name, len(builds))
+        for f in builds:
+            f.add_done_callback(lambda _: metrics.add_build_backlog(self.name, -1))
         # The reference output and the output check are made on this CPU while the first candidates compile.
         prepared = self._preparing.submit(self.runner.prepare, task)
         position = {id(f): i for i, f in enumerate(builds)}
