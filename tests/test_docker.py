@@ -202,9 +202,10 @@ def test_compose_farm_runs_a_job_on_both_workers(farm: Farm) -> None:
         assert len(set(job.trials()["worker"])) == 2
 
 
+@pytest.mark.xfail(strict=True, reason="the scheduler sizes a job's worker pool when the job starts: a "
+                   "gpu-worker that joins mid-job is used by later jobs only (issue 13, open)")
 def test_compose_scale_adds_a_worker_mid_job(farm: Farm) -> None:
-    """Needs the scheduler to use Ray nodes that join while a job runs (it sizes its pool at the
-    job's start today): fails until it does."""
+    """A third gpu-worker, scaled up while a job runs, measures some of its trials."""
     with Client(farm.db) as client:
         job = client.submit([("matmul", {"M": 128, "N": 128, "K": 128})], target="llvm", trials=160, workers=2,
                             search="random", batch_size=8)
