@@ -19,6 +19,7 @@ from farm.progress import make_console
 if TYPE_CHECKING:
     from db.store import ResultStore
     from farm.client import Job
+    from farm.core.workloads import Workload
 
 app = typer.Typer(
     add_completion=False,
@@ -36,8 +37,9 @@ DbOption = Annotated[str | None, typer.Option(
     "Default: $FARM_DB, else sqlite:///farm.db.")]
 
 
-WorkloadArg = Annotated[str, typer.Argument(help="Workload or preset name (see `farm workloads`).")]
-ParamsArg = Annotated[list[str] | None, typer.Argument(help="Parameters as key=value, e.g. CI=256 pad=1.")]
+KernelArg = Annotated[list[str], typer.Argument(
+    metavar="WORKLOAD [KEY=VALUE ...]", help="A workload or preset (see `farm workloads`), then its parameters "
+    "as key=value, e.g. conv2d_nchw N=1 CI=256 H=14 W=14 CO=256 KH=3 KW=3 pad=1.")]
 TargetOpt = Annotated[str, typer.Option(help='llvm, cuda, or a JSON target like \'{"kind":"cuda","arch":"sm_80"}\'.')]
 
 
@@ -88,8 +90,7 @@ def workloads(
 
 @app.command(context_settings={"allow_extra_args": False})
 def tune(
-    workload: WorkloadArg,
-    params: ParamsArg = None,
+    kernel: KernelArg,
     target: TargetOpt = "llvm",
     trials: Annotated[int, typer.Option(min=1, help="Number of candidates to measure.")] = 64,
     db: DbOption = None,
@@ -108,13 +109,12 @@ def tune(
     from farm.client import Client
     from farm.core.targets import parse_target
     from farm.core.task import Task
-    from farm.core.workloads import make_workload, parse_assignments
     from workers.device import gpu_count
 
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(message)s")
     # Validate everything before anything is written or started.
-    wl = make_workload(workload, parse_assignments(params or []))
+    wl = _one_workload(kernel)
     spec = parse_target(target)
     if export is not None:
         require_folder_of(export)
@@ -166,6 +166,17 @@ def submit(
     out.print(job.id)
     console.print(f"job {job.id} queued: {len(parsed)} task(s), {trials} trials; "
                   f"follow it with `farm status {job.id}`", markup=False)
+
+
+def _one_workload(words: list[str]) -> Workload:
+    """`name k=v k=v` (one workload) as a Workload; FarmError for anything else."""
+    from farm.core.workloads import make_workload, parse_assignments
+
+    name, *params = words
+    bad = [word for word in params if "=" not in word]
+    if bad:
+        raise FarmError(f"parameter {bad[0]!r} must look like key=value (this command takes one workload)")
+    return make_workload(name, parse_assignments(params))
 
 
 def _parse_workloads(words: list[str]) -> list[Any]:
@@ -353,8 +364,7 @@ def export(
 
 @app.command()
 def build(
-    workload: WorkloadArg,
-    params: ParamsArg = None,
+    kernel: KernelArg,
     target: TargetOpt = "llvm",
     best: Annotated[Path | None, typer.Option(help="An export (farm.best/1) holding the tuned config.")] = None,
     output: Annotated[Path, typer.Option("-o", "--output", help="The shared library to write.")] = Path("kernel.so"),
@@ -367,9 +377,8 @@ def build(
     import warnings
 
     from farm.apply import build as build_kernel
-    from farm.core.workloads import make_workload, parse_assignments
 
-    wl = make_workload(workload, parse_assignments(params or []))
+    wl = _one_workload(kernel)
     require_folder_of(output)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -387,8 +396,7 @@ def build(
 
 @app.command()
 def predict(
-    workload: WorkloadArg,
-    params: ParamsArg = None,
+    kernel: KernelArg,
     target: TargetOpt = "llvm",
     top: Annotated[int, typer.Option(min=1, help="How many configs.")] = 5,
     measure: Annotated[bool, typer.Option("--measure", help="Also build and measure them on this machine.")]
@@ -400,11 +408,10 @@ def predict(
     """The cost model's best configs for a shape, without tuning it (zero-shot), from the
     model trained on the shapes the farm tuned before with the same template and target kind."""
     from farm.core.targets import parse_target
-    from farm.core.workloads import make_workload, parse_assignments
     from farm.predict import predict as predict_configs
     from farm.predict import render
 
-    wl = make_workload(workload, parse_assignments(params or []))
+    wl = _one_workload(kernel)
     spec = parse_target(target)
     predictions = predict_configs(wl, spec, _open_store(db, must_exist=True), top=top, measure=measure,
                                   log_dir=log_dir)

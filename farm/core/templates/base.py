@@ -28,11 +28,19 @@ CUDA_MAX_GRID_DIM = {"x": 2**31 - 1, "y": 65535, "z": 65535}
 
 
 class Template(ABC):
-    """A tunable schedule for some workloads on one target kind."""
+    """A tunable schedule for some workloads on one target kind.
+
+    A template declares what it is in its class statement:
+    ``class CudaPool(Template, name="cuda.pool", kind="cuda", workloads=("pool2d",))``.
+    """
 
     name: ClassVar[str]
     kind: ClassVar[str]  # "cuda" or "llvm"
     workloads: ClassVar[tuple[str, ...]]
+
+    def __init_subclass__(cls, name: str, kind: str, workloads: Sequence[str], **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.name, cls.kind, cls.workloads = name, kind, tuple(workloads)
 
     @abstractmethod
     def space(self, wl: Workload, target: TargetSpec) -> ConfigSpace:

@@ -22,7 +22,7 @@ no unrolling produces exactly the blog's v4 module for its 3x4x16x32, 7x7 case.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
 from farm.core.space import ChoiceKnob, Config, ConfigSpace, SplitKnob
 from farm.core.targets import TargetSpec
@@ -42,11 +42,7 @@ from farm.core.templates.base import (
 from farm.core.workloads import Workload
 
 
-class CudaDepthwise(Template):
-    name: ClassVar[str] = "cuda.depthwise"
-    kind: ClassVar[str] = "cuda"
-    workloads: ClassVar[tuple[str, ...]] = ("depthwise_conv2d_nchw",)
-
+class CudaDepthwise(Template, name="cuda.depthwise", kind="cuda", workloads=("depthwise_conv2d_nchw",)):
     def space(self, wl: Workload, target: TargetSpec) -> ConfigSpace:
         _, _, oh, ow, kh, kw = compute_extents(wl)
         return ConfigSpace([

@@ -17,7 +17,7 @@ d2ltvm's schedule_max / schedule_avg.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
 from farm.core.space import ChoiceKnob, Config, ConfigSpace, Knob
 from farm.core.targets import TargetSpec
@@ -31,11 +31,7 @@ from farm.core.templates.base import (
 from farm.core.workloads import Workload
 
 
-class CudaPool(Template):
-    name: ClassVar[str] = "cuda.pool"
-    kind: ClassVar[str] = "cuda"
-    workloads: ClassVar[tuple[str, ...]] = ("pool2d",)
-
+class CudaPool(Template, name="cuda.pool", kind="cuda", workloads=("pool2d",)):
     def space(self, wl: Workload, target: TargetSpec) -> ConfigSpace:
         knobs: list[Knob] = [
             ChoiceKnob("threads", [32, 64, 128, 256, 512, 1024]),

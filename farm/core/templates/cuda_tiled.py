@@ -14,7 +14,7 @@ output channel on z, rows on y, columns on x; matmul: rows on y, columns on x).
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
 from farm.core.space import ChoiceKnob, Config, ConfigSpace, SplitKnob
 from farm.core.targets import TargetSpec
@@ -47,11 +47,7 @@ _GROUPS = {
 _DIMS = ("z", "y", "x")
 
 
-class CudaTiled(Template):
-    name: ClassVar[str] = "cuda.tiled"
-    kind: ClassVar[str] = "cuda"
-    workloads: ClassVar[tuple[str, ...]] = tuple(_AXES)
-
+class CudaTiled(Template, name="cuda.tiled", kind="cuda", workloads=tuple(_AXES)):
     def space(self, wl: Workload, target: TargetSpec) -> ConfigSpace:
         spatial, reduce = _AXES[wl.name]
         extents = axis_extents(wl, spatial + reduce)

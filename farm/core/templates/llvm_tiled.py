@@ -22,7 +22,7 @@ the tiling keeps the spaces at thousands to a few hundred thousand configs.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
 from farm.core.space import ChoiceKnob, Config, ConfigSpace, SplitKnob
 from farm.core.targets import TargetSpec
@@ -48,11 +48,7 @@ _AXES = {
 _UNTILED = "n"  # the batch axis
 
 
-class LlvmTiled(Template):
-    name: ClassVar[str] = "llvm.tiled"
-    kind: ClassVar[str] = "llvm"
-    workloads: ClassVar[tuple[str, ...]] = tuple(_AXES)
-
+class LlvmTiled(Template, name="llvm.tiled", kind="llvm", workloads=tuple(_AXES)):
     def space(self, wl: Workload, target: TargetSpec) -> ConfigSpace:
         spatial, reduce = _AXES[wl.name]
         extents = axis_extents(wl, spatial + reduce)
