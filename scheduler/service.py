@@ -69,6 +69,7 @@ class Scheduler:
         shape = (kind, count, keys)
         if shape not in self._pools:
             self._pools[shape] = self.pool_factory(kind, count, keys)
+            self._publish_targets()
         return self._pools[shape]
 
     def _ray_pool(self, kind: str, count: int, keys: Sequence[str]) -> WorkerPool:
@@ -81,7 +82,6 @@ class Scheduler:
                              str(self.log_dir) if self.log_dir else None, name=f"{kind}-worker")
         log.info("%d %s worker actor(s) up in %.1f s (each: RPC server registered, %s)", pool.size, kind,
                  time.monotonic() - start, ", ".join(f"{i['name']} {i['startup_seconds']:.1f} s" for i in pool.infos))
-        self._publish_targets()
         return pool
 
     def _publish_targets(self) -> None:

@@ -42,7 +42,7 @@ class WorkerActor:
                                   log_dir=Path(log_dir) if log_dir else None).start()
         self.startup_seconds = time.monotonic() - start
         self.metrics_address = _serve_metrics(int(gpus[0]) if gpus else 0)
-        metrics.set_worker_up(name, self.device.key, True)
+        metrics.start_worker(name, self.device.key, kind)
 
     def info(self) -> dict[str, Any]:
         """Where this worker runs and which device key it measures on."""

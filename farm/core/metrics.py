@@ -167,6 +167,20 @@ def observe_trial(status: str, target: str, build_s: float, upload_s: float | No
             histogram.labels(target).observe(seconds)
 
 
+def start_worker(worker: str, device: str, target: str) -> None:
+    """Worker, once its device is registered: up, and every series it may count started at zero
+    (each trial status for its target, each session-restart reason, its backlog), so that a
+    rate or a ratio over them reads 0 until something happens, not "no data"."""
+    from farm.core.measure import Status
+
+    set_worker_up(worker, device, True)
+    for status in Status:
+        TRIALS.labels(status.value, target)
+    for reason in RESTART_REASONS:
+        RPC_RESTARTS.labels(worker, reason)
+    BUILD_BACKLOG.labels(worker)
+
+
 def set_worker_up(worker: str, device: str, up: bool) -> None:
     """Worker: True once its RPC server is registered, False when it closes or its device fails."""
     WORKER_UP.labels(worker, device).set(1 if up else 0)
