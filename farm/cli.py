@@ -218,11 +218,16 @@ def scheduler(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     address = _host_port(tracker) if tracker else None
     store = _open_store(db)
+    wanted = metrics.scheduler_port() if metrics_port is None else metrics_port
     try:
-        port = metrics.serve(metrics.scheduler_port() if metrics_port is None else metrics_port, metrics_host)
+        port = metrics.serve(wanted, metrics_host)
     except OSError as e:
-        raise FarmError(f"cannot serve metrics on {metrics_host}:{metrics_port}: {e.strerror}; "
-                        "give another --metrics-port") from None
+        if metrics_port is not None:  # asked for: that port or nothing
+            raise FarmError(f"cannot serve metrics on {metrics_host}:{wanted}: {e.strerror}; "
+                            "give another --metrics-port") from None
+        # The default is taken (another scheduler on this machine): any free port, said in the log.
+        port = metrics.serve(0, metrics_host)
+        logging.getLogger("farm.scheduler").warning("metrics port %d is taken; serving on %d", wanted, port)
     logging.getLogger("farm.scheduler").info("metrics at http://%s:%d/metrics", metrics_host, port)
     with Scheduler(store, tracker=address, ray_address=ray_address, log_dir=log_dir) as service:
         try:
