@@ -147,6 +147,11 @@ class ResultStore(ABC):
         only the rest of its budget."""
 
     @abstractmethod
+    def give_back(self, job_id: int, scheduler_id: str) -> bool:
+        """Queue a running job claimed by `scheduler_id` again (its trials stay), for another
+        scheduler to resume; False if it is not running under that scheduler."""
+
+    @abstractmethod
     def heartbeat(self, job_id: int, scheduler_id: str) -> bool:
         """Record that `scheduler_id` is still working on `job_id`.
 
@@ -442,6 +447,16 @@ class SQLResultStore(ResultStore):
         )
         with self._write() as connection:
             return list(connection.execute(statement).scalars())
+
+    def give_back(self, job_id: int, scheduler_id: str) -> bool:
+        statement = (
+            update(_JOBS)
+            .where(_JOBS.c.id == job_id, _JOBS.c.status == JobStatus.RUNNING.value,
+                   _JOBS.c.claimed_by == scheduler_id)
+            .values(status=JobStatus.QUEUED.value, claimed_by=None)
+        )
+        with self._write() as connection:
+            return connection.execute(statement).rowcount == 1
 
     def heartbeat(self, job_id: int, scheduler_id: str) -> bool:
         statement = (

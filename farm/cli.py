@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -229,11 +230,20 @@ def scheduler(
         port = metrics.serve(0, metrics_host)
         logging.getLogger("farm.scheduler").warning("metrics port %d is taken; serving on %d", wanted, port)
     logging.getLogger("farm.scheduler").info("metrics at http://%s:%d/metrics", metrics_host, port)
-    with Scheduler(store, tracker=address, ray_address=ray_address, log_dir=log_dir) as service:
+    # SIGTERM (docker stop, systemd) stops it like Ctrl-C: the running job is given back, queued.
+    # (Once Ray runs, its own SIGTERM handler exits the process; Scheduler.run_job gives the job
+    # back on that SystemExit too.)
+    signal.signal(signal.SIGTERM, _interrupt)
+    with Scheduler(store, tracker=address, ray_address=ray_address, log_dir=log_dir,
+                   give_back_on_interrupt=True) as service:
         try:
             service.serve(poll_seconds=poll, once=once)
         except KeyboardInterrupt:
-            console.print("scheduler stopped")
+            console.print("scheduler stopped; a running job was given back")
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def _host_port(text: str) -> tuple[str, int]:

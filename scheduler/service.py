@@ -38,15 +38,18 @@ class Scheduler:
 
     `tracker` is the farm's RPC tracker (host, port); None starts one on this machine.
     `ray_address` is a Ray cluster to join; None starts Ray on this machine. `pool_factory`
-    makes the pools instead of Ray (then `ray_address` is not used).
+    makes the pools instead of Ray (then `ray_address` is not used). A job interrupted
+    (KeyboardInterrupt: Ctrl-C, or SIGTERM in `farm scheduler`) is cancelled, or with
+    `give_back_on_interrupt` (the service) queued again with its trials kept.
     """
 
     def __init__(self, store: ResultStore, tracker: tuple[str, int] | None = None, ray_address: str | None = None,
                  build_workers: int | None = None, log_dir: Path | None = None,
                  heartbeat_seconds: float = 5.0, stale_seconds: float = 60.0,
-                 pool_factory: PoolFactory | None = None) -> None:
+                 pool_factory: PoolFactory | None = None, give_back_on_interrupt: bool = False) -> None:
         self.store = store
         self.pool_factory = pool_factory or self._ray_pool
+        self.give_back_on_interrupt = give_back_on_interrupt
         self.id = f"scheduler@{socket.gethostname()}:{os.getpid()}:{id(self):x}"
         self.ray_address, self.build_workers, self.log_dir = ray_address, build_workers, log_dir
         self.heartbeat_seconds, self.stale_seconds = heartbeat_seconds, stale_seconds
@@ -118,8 +121,8 @@ class Scheduler:
             status = run_job(self.store, job_id, pool, search=spec.get("search", "xgb"),
                              seed=int(spec.get("seed", 0)), batch_size=int(spec.get("batch_size", 16)),
                              on_progress=on_progress)
-        except KeyboardInterrupt:
-            status, error = "cancelled", "interrupted"
+        except (KeyboardInterrupt, SystemExit):  # Ctrl-C; SIGTERM (Ray's driver handler exits)
+            status, error = ("queued", "") if self.give_back_on_interrupt else ("cancelled", "interrupted")
             raise
         except Exception as e:
             error = one_line(e)
@@ -127,7 +130,11 @@ class Scheduler:
             raise
         finally:
             done.set()
-            self.store.finish_job(job_id, status, error)
+            if status == "queued":
+                self.store.give_back(job_id, self.id)
+                log.info("job %d given back (queued, its trials kept)", job_id)
+            else:
+                self.store.finish_job(job_id, status, error)
         return status
 
     def _heartbeat(self, job_id: int, done: threading.Event) -> None:
