@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from db.store import open_store
+from db.store import ResultStore, open_store
 from farm.core.costmodel import CostModel, CostModelError, load_model, rank_correlation, spearman, train
 from farm.core.errors import FarmError
 from farm.core.features import featurizer
@@ -51,13 +51,14 @@ def results_of(task: Task, indices: np.ndarray, round_: int = 0) -> list[Measure
     return out
 
 
-def add_task(store: Any, workload: str, params: dict[str, Any], target: str = "llvm") -> tuple[dict[str, Any], Task]:
+def add_task(store: ResultStore, workload: str, params: dict[str, Any],
+             target: str = "llvm") -> tuple[dict[str, Any], Task]:
     job = store.submit(JobRequest.build([(workload, params)], target, 1000, search="xgb"))
     row = store.tasks(job)[0]
     return row, Task.from_json(row)
 
 
-def write(store: Any, task_id: int, results: list[MeasureResult]) -> None:
+def write(store: ResultStore, task_id: int, results: list[MeasureResult]) -> None:
     with store.writer() as writer:
         for r in results:
             writer.add(task_id, r)
