@@ -58,6 +58,7 @@ def _exercise_every_helper() -> set[str]:
         "observe_trial": lambda: (metrics.observe_trial("ok", "llvm", 0.4, 0.004, 0.05, 0.01),
                                   metrics.observe_trial("build_error", "cuda", 2.0)),
         "set_worker_up": lambda: metrics.set_worker_up("llvm-worker-0", "farm-llvm-host-llvm-worker-0", True),
+        "start_worker": lambda: metrics.start_worker("llvm-worker-1", "farm-llvm-host-llvm-worker-1", "llvm"),
         "rpc_session_restart": lambda: metrics.rpc_session_restart("llvm-worker-0", "timeout"),
         "add_build_backlog": lambda: metrics.add_build_backlog("llvm-worker-0", 4),
         "set_worker_queue": lambda: metrics.set_worker_queue("llvm-worker-0", 16, 16),
