@@ -18,6 +18,7 @@ from farm.client import Client
 from farm.core.errors import FarmError
 from farm.core.jobspec import JobRequest
 from scheduler.service import Scheduler
+from tests.processes import stop
 
 pytestmark = pytest.mark.slow
 
@@ -126,16 +127,6 @@ def _scheduler_process(url: str, log: Path, *extra: str) -> subprocess.Popen[byt
                             stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
 def test_two_schedulers_never_run_the_same_job(pg_url: str, tmp_path: Path) -> None:
     store = open_store(pg_url)
     jobs = [store.submit(JobRequest.build([("matmul", {"M": 16 + 8 * i, "N": 32, "K": 32})], "llvm", 6, batch_size=3))
@@ -146,7 +137,7 @@ def test_two_schedulers_never_run_the_same_job(pg_url: str, tmp_path: Path) -> N
             proc.wait(600)
     finally:
         for proc in procs:
-            _stop(proc)
+            stop(proc)
     for proc, i in zip(procs, range(2), strict=True):
         assert proc.returncode == 0, (tmp_path / f"s{i}.log").read_text()[-3000:]
     claimed = {}
@@ -160,8 +151,8 @@ def test_two_schedulers_never_run_the_same_job(pg_url: str, tmp_path: Path) -> N
     assert len(set(claimed.values())) >= 1
 
 
-@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])
-def test_a_stopped_scheduler_gives_its_job_back(pg_url: str, tmp_path: Path, stop: signal.Signals) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_stopped_scheduler_gives_its_job_back(pg_url: str, tmp_path: Path, signum: signal.Signals) -> None:
     """SIGTERM (docker stop, systemd) and SIGINT (Ctrl-C) queue the running job again within
     seconds, its trials kept; another scheduler then finishes it: the budget exact, nothing twice."""
     store = open_store(pg_url)
@@ -173,10 +164,10 @@ def test_a_stopped_scheduler_gives_its_job_back(pg_url: str, tmp_path: Path, sto
             assert time.monotonic() < deadline and proc.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
             time.sleep(0.2)
         stopped = time.monotonic()
-        proc.send_signal(stop)
+        proc.send_signal(signum)
         proc.wait(60)
     finally:
-        _stop(proc)
+        stop(proc)
     assert time.monotonic() - stopped < 30
     job = store.job(job_id)
     assert job["status"] == "queued" and job["claimed_by"] is None and 4 <= job["trials"] < 40, job
@@ -184,7 +175,7 @@ def test_a_stopped_scheduler_gives_its_job_back(pg_url: str, tmp_path: Path, sto
     try:
         second.wait(600)
     finally:
-        _stop(second)
+        stop(second)
     trials = store.trials(job_id=job_id)
     assert store.job_status(job_id) == "done" and len(trials) == 40 and trials["config_index"].is_unique
 
@@ -211,7 +202,7 @@ def test_client_against_a_scheduler_process(pg_url: str, tmp_path: Path) -> None
             assert 4 <= big.status()["trials"] < 400
             assert client.job(big.id).status()["status"] == "cancelled"
     finally:
-        _stop(proc)
+        stop(proc)
 
 
 def test_a_lab_device_with_only_a_stock_rpc_server_is_used_by_its_key(pg_url: str, ray_local: None,

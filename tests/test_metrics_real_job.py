@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from farm.client import Client
+from tests.processes import stop
 from tests.prom import dashboard_queries, free_port, has_finite_value, running_prometheus, wait_for
 
 pytestmark = pytest.mark.slow
@@ -63,10 +63,4 @@ def test_every_panel_query_returns_data_for_a_real_job(tmp_path: Path) -> None:
                 except TimeoutError:
                     pytest.fail(f"panel queries without data: {empty()}")
     finally:
-        # Stopped as a person would (Ctrl-C): it closes its pools and its RPC tracker on the way out.
-        os.killpg(service.pid, signal.SIGINT)
-        try:
-            service.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(service.pid, signal.SIGKILL)
-            service.wait()
+        stop(service, timeout=60)
