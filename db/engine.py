@@ -20,6 +20,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
 from sqlalchemy.orm import Session, sessionmaker
 
+from db.outage import DatabaseUnavailable, first_line, is_unavailable
 from farm.core.errors import FarmError
 
 DEFAULT_URL = "sqlite:///farm.db"
@@ -79,7 +80,8 @@ def make_engine(
     else ``$FARM_DB_POOL_SIZE`` / ``$FARM_DB_MAX_OVERFLOW``, else 2 and 2, with pre-ping. Its
     password is the URL's, else the content of the file ``$FARM_DB_PASSWORD_FILE`` (read now, on
     every node that connects), else libpq's own (``$PGPASSWORD``, ``~/.pgpass``).
-    Raises FarmError (one line, nothing created) if the database cannot be opened.
+    Raises FarmError (one line, nothing created) if the database cannot be opened: its subclass
+    DatabaseUnavailable when the server did not answer (a store retries those, see db.outage).
     """
     parsed = resolve_url(url)
     if parsed.get_backend_name() == "sqlite":
@@ -108,7 +110,8 @@ def make_engine(
             pass
     except DBAPIError as exc:
         engine.dispose()
-        raise FarmError(_connect_error(parsed, exc)) from None
+        error = DatabaseUnavailable if is_unavailable(exc) else FarmError
+        raise error(_connect_error(parsed, exc)) from None
     return engine
 
 
@@ -160,7 +163,7 @@ def _create(parsed: URL, **kwargs: Any) -> Engine:
         return create_engine(parsed, **kwargs)
     except (NoSuchModuleError, ImportError) as exc:
         raise FarmError(
-            f"cannot open {display_url(parsed)}: its driver is not installed ({_first_line(exc)}); {_USAGE}"
+            f"cannot open {display_url(parsed)}: its driver is not installed ({first_line(exc)}); {_USAGE}"
         ) from None
 
 
@@ -246,13 +249,8 @@ def display_url(url: str | URL | None) -> str:
     return parsed.render_as_string(hide_password=True)
 
 
-def _first_line(exc: BaseException) -> str:
-    lines = [" ".join(line.split()) for line in str(exc).splitlines() if line.strip()]
-    return lines[0] if lines else type(exc).__name__
-
-
 def _connect_error(parsed: URL, exc: DBAPIError) -> str:
-    reason = _first_line(exc.orig) if exc.orig is not None else _first_line(exc)
+    reason = first_line(exc)
     if parsed.get_backend_name() == "postgresql":
         reason = reason.removeprefix("FATAL:").strip()
         hint = "is PostgreSQL running there and does the database exist?"

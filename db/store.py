@@ -6,19 +6,21 @@ returns an `SQLResultStore`, which serves SQLite and Postgres alike.
 
 from __future__ import annotations
 
+import functools
+import logging
 import os
 import select as io_select
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 import pandas as pd
 from sqlalchemy import Connection, Engine, Row, Select, func, insert, select, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from db.engine import dialect_insert, display_url, for_writing, make_engine, resolve_url
 from db.migrate import upgrade
@@ -33,6 +35,7 @@ from db.models import (
     WorkerRecord,
     utcnow,
 )
+from db.outage import CommitOutcomeUnknown, Outage, first_line, is_unavailable
 from db.writer import NOTIFY_CHANNEL, ResultWriter
 from farm.core.errors import FarmError
 from farm.core.measure import Status
@@ -82,6 +85,7 @@ _ACTIVE = (JobStatus.QUEUED, JobStatus.RUNNING)
 # Concurrent save_model calls for one family may pick the same next version on Postgres;
 # the unique (family_key, version) constraint rejects all but one, and the others retry.
 _SAVE_MODEL_ATTEMPTS = 5
+log = logging.getLogger("farm.db")
 
 
 class ResultStore(ABC):
@@ -98,6 +102,11 @@ class ResultStore(ABC):
       Ray actors. A store used after ``fork`` also rebuilds its engine rather than share
       the parent's connections.
     - Every method that changes several rows does so atomically.
+    - Outages: a call that finds the database unavailable (a server restarting or out of reach)
+      waits for it and tries again, for up to ``$FARM_DB_OUTAGE_SECONDS`` (600 s) counted from
+      the outage's first failure, then raises `DatabaseUnavailable` (db.outage). Every write is
+      safe to retry except those of `create_job`, `claim_job`, `save_model` and `add_export`,
+      which are not retried once their COMMIT was sent (the reply lost, it may have been applied).
     - Trials are immutable and unique per (task, config_index); they are written through
       `writer()`, which batches them.
     - Timestamps are timezone-aware UTC datetimes; latencies are in seconds.
@@ -137,14 +146,17 @@ class ResultStore(ABC):
 
         On Postgres it LISTENs for the writer's NOTIFY and returns True as soon as one for
         this job arrives (False on timeout); on SQLite, which has no notifications, it sleeps
-        `timeout` and returns True (the caller polls).
+        `timeout` and returns True (the caller polls). It never raises for an unavailable
+        database: it sleeps `timeout` and returns True, and LISTENs again on a later call.
         """
 
     @abstractmethod
     def requeue_stale(self, seconds: float) -> list[int]:
         """Queue again every running job whose scheduler sent no heartbeat for `seconds`
         (it died); returns their ids. Their measured trials stay: a resumed job measures
-        only the rest of its budget."""
+        only the rest of its budget. On Postgres, only the database's own uptime counts: a
+        server restarted less than `seconds` ago requeues nothing, since no scheduler could
+        send heartbeats while it was down."""
 
     @abstractmethod
     def give_back(self, job_id: int, scheduler_id: str) -> bool:
@@ -160,11 +172,13 @@ class ResultStore(ABC):
         """
 
     @abstractmethod
-    def finish_job(self, job_id: int, status: str, error: str = "") -> bool:
+    def finish_job(self, job_id: int, status: str, error: str = "", scheduler_id: str | None = None) -> bool:
         """Mark a queued or running job done, failed or cancelled, with `error` (text).
 
         Returns False, changing nothing, if the job had already finished: a job cancelled
-        while it ran stays cancelled. ValueError for any other `status`.
+        while it ran stays cancelled. With `scheduler_id`, also if the job is not claimed by that
+        scheduler (any more: requeued and claimed by another while this one could not reach the
+        database). ValueError for any other `status`.
         """
 
     @abstractmethod
@@ -219,6 +233,17 @@ class ResultStore(ABC):
     @abstractmethod
     def best(self, task_id: int, k: int = 1) -> list[dict[str, Any]]:
         """The task's `k` fastest ok trials, fastest first (keys: `TRIAL_COLUMNS`)."""
+
+    @abstractmethod
+    def trial_activity(self, since: datetime, job_ids: Sequence[int] | None = None) -> list[dict[str, Any]]:
+        """Trials stored at or after `since` (a timezone-aware datetime), counted per job, worker
+        and status: dicts with keys ``job_id``, ``worker``, ``status``, ``trials`` (how many) and
+        ``last_at`` (the newest one's stored time), ordered by job, worker, status.
+
+        Only trials of the jobs `job_ids` when given (an empty sequence: none). It reads the
+        trials of those jobs' tasks only, so a live view of running jobs costs no scan of the
+        whole table.
+        """
 
     @abstractmethod
     def writer(self, batch_size: int = 256, flush_seconds: float | None = 0.5) -> ResultWriter:
@@ -283,6 +308,27 @@ class ResultStore(ABC):
         """Close the store's connections; a later call opens new ones."""
 
 
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+_Method = Callable[Concatenate["SQLResultStore", _P], _T]
+
+
+def _through_outages(idempotent: bool = True) -> Callable[[_Method[_P, _T]], _Method[_P, _T]]:
+    """Run the decorated method through its store's Outage: the whole method (each is one
+    transaction, or reads) is called again while the database is unavailable. `idempotent=False`
+    for writes that would do harm if applied twice (see db.outage.CommitOutcomeUnknown)."""
+
+    def decorate(method: _Method[_P, _T]) -> _Method[_P, _T]:
+        @functools.wraps(method)
+        def call(self: SQLResultStore, *args: _P.args, **kwargs: _P.kwargs) -> _T:
+            return self._outage.call(lambda: method(self, *args, **kwargs), f"store.{method.__name__}",
+                                     idempotent=idempotent)
+
+        return call
+
+    return decorate
+
+
 class SQLResultStore(ResultStore):
     """A `ResultStore` in a SQL database: SQLite (embedded) or Postgres (cluster).
 
@@ -306,7 +352,8 @@ class SQLResultStore(ResultStore):
         self._max_overflow = max_overflow
         self._init_engine_state()
 
-    def _init_engine_state(self) -> None:
+    def _init_engine_state(self, outage_bound: float | None = None) -> None:
+        self._outage = Outage(display_url(self.url), outage_bound)  # shared by this store's writers
         self._engine: Engine | None = None
         self._writing: Engine | None = None
         self._pid = 0
@@ -315,13 +362,14 @@ class SQLResultStore(ResultStore):
         self._listen_lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"url": self.url, "pool_size": self._pool_size, "max_overflow": self._max_overflow}
+        return {"url": self.url, "pool_size": self._pool_size, "max_overflow": self._max_overflow,
+                "outage_bound": self._outage.bound}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.url = state["url"]
         self._pool_size = state["pool_size"]
         self._max_overflow = state["max_overflow"]
-        self._init_engine_state()
+        self._init_engine_state(state["outage_bound"])
 
     def __repr__(self) -> str:
         return f"SQLResultStore({display_url(self.url)!r})"
@@ -351,8 +399,15 @@ class SQLResultStore(ResultStore):
 
     @contextmanager
     def _write(self) -> Iterator[Connection]:
-        with self._engines()[1].begin() as connection:
-            yield connection
+        committing = False
+        try:
+            with self._engines()[1].begin() as connection:
+                yield connection
+                committing = True
+        except DBAPIError as e:
+            if committing and is_unavailable(e):
+                raise CommitOutcomeUnknown(first_line(e)) from e
+            raise
 
     def close(self) -> None:
         with self._engine_lock:
@@ -366,6 +421,7 @@ class SQLResultStore(ResultStore):
 
     # Jobs -------------------------------------------------------------------------------
 
+    @_through_outages(idempotent=False)
     def create_job(
         self, name: str, spec: dict[str, Any], trials_budget: int, search: str, tasks: list[dict[str, Any]]
     ) -> int:
@@ -388,6 +444,7 @@ class SQLResultStore(ResultStore):
             connection.execute(insert(_TASKS), [{**row, "job_id": job_id, "created_at": now} for row in rows])
         return int(job_id)
 
+    @_through_outages(idempotent=False)
     def claim_job(self, scheduler_id: str, job_id: int | None = None) -> int | None:
         # One statement on both dialects. On Postgres the subquery locks the row it picks and
         # skips rows other claimers hold; SQLite renders no FOR UPDATE, and BEGIN IMMEDIATE
@@ -413,10 +470,27 @@ class SQLResultStore(ResultStore):
             return connection.execute(claim).scalar_one_or_none()
 
     def wait_for_trials(self, job_id: int, timeout: float) -> bool:
-        engine = self.engine
-        if engine.dialect.name != "postgresql":
-            time.sleep(timeout)
+        deadline = time.monotonic() + timeout
+        try:
+            engine = self.engine
+            if engine.dialect.name != "postgresql":
+                time.sleep(timeout)
+                return True
+            return self._listen(engine, job_id, deadline)
+        except Exception as e:
+            if not is_unavailable(e):
+                raise
+            # The caller polls the job next, and that call rides out the outage (Outage).
+            log.debug("waiting for trials without LISTEN: %s", first_line(e))
+            with self._listen_lock:
+                if self._listener is not None:  # it broke: LISTEN on a new one next time
+                    self._listener.close()
+                self._listener = None
+            time.sleep(max(0.0, deadline - time.monotonic()))
             return True
+
+    def _listen(self, engine: Engine, job_id: int, deadline: float) -> bool:
+        """`wait_for_trials` on Postgres: LISTEN until `deadline` (monotonic) for the job's NOTIFY."""
         with self._listen_lock:
             if self._listener is None or self._listener.closed:
                 # A connection of its own, outside the pool: it stays LISTENing.
@@ -426,7 +500,6 @@ class SQLResultStore(ResultStore):
                 with self._listener.cursor() as cursor:
                     cursor.execute(f"LISTEN {NOTIFY_CHANNEL}")
             listener = self._listener
-        deadline = time.monotonic() + timeout
         while True:
             listener.poll()
             while listener.notifies:
@@ -437,6 +510,7 @@ class SQLResultStore(ResultStore):
                 return False
             io_select.select([listener], [], [], left)
 
+    @_through_outages()
     def requeue_stale(self, seconds: float) -> list[int]:
         cutoff = utcnow() - timedelta(seconds=seconds)
         statement = (
@@ -446,8 +520,11 @@ class SQLResultStore(ResultStore):
             .returning(_JOBS.c.id)
         )
         with self._write() as connection:
+            if connection.dialect.name == "postgresql":
+                statement = statement.where(func.pg_postmaster_start_time() < cutoff)
             return list(connection.execute(statement).scalars())
 
+    @_through_outages()
     def give_back(self, job_id: int, scheduler_id: str) -> bool:
         statement = (
             update(_JOBS)
@@ -458,6 +535,7 @@ class SQLResultStore(ResultStore):
         with self._write() as connection:
             return connection.execute(statement).rowcount == 1
 
+    @_through_outages()
     def heartbeat(self, job_id: int, scheduler_id: str) -> bool:
         statement = (
             update(_JOBS)
@@ -471,23 +549,28 @@ class SQLResultStore(ResultStore):
         with self._write() as connection:
             return connection.execute(statement).rowcount == 1
 
-    def finish_job(self, job_id: int, status: str, error: str = "") -> bool:
+    @_through_outages()
+    def finish_job(self, job_id: int, status: str, error: str = "", scheduler_id: str | None = None) -> bool:
         if status not in _FINISHED:
             raise ValueError(f"finish_job: status must be one of {', '.join(_FINISHED)}, got {status!r}")
-        return self._finish(job_id, JobStatus(status), error)
+        return self._finish(job_id, JobStatus(status), error, scheduler_id)
 
+    @_through_outages()
     def cancel_job(self, job_id: int) -> bool:
         return self._finish(job_id, JobStatus.CANCELLED, "")
 
-    def _finish(self, job_id: int, status: JobStatus, error: str) -> bool:
+    def _finish(self, job_id: int, status: JobStatus, error: str, scheduler_id: str | None = None) -> bool:
         statement = (
             update(_JOBS)
             .where(_JOBS.c.id == job_id, _JOBS.c.status.in_([s.value for s in _ACTIVE]))
             .values(status=status.value, error=error, finished_at=utcnow())
         )
+        if scheduler_id is not None:
+            statement = statement.where(_JOBS.c.claimed_by == scheduler_id)
         with self._write() as connection:
             return connection.execute(statement).rowcount == 1
 
+    @_through_outages()
     def job(self, job_id: int) -> dict[str, Any] | None:
         with self._read() as connection:
             row = connection.execute(select(_JOBS).where(_JOBS.c.id == job_id)).first()
@@ -512,6 +595,7 @@ class SQLResultStore(ResultStore):
             task.update(by_task[task["id"]])
         return {**_dict(row), "tasks": tasks, "trials": sum(task["trials"] for task in tasks)}
 
+    @_through_outages()
     def jobs(self, limit: int = 50) -> list[dict[str, Any]]:
         counts = (
             select(_TASKS.c.job_id, func.count(_TRIALS.c.id).label("trials"))
@@ -528,11 +612,13 @@ class SQLResultStore(ResultStore):
         with self._read() as connection:
             return [_dict(row) for row in connection.execute(statement)]
 
+    @_through_outages()
     def job_counts(self) -> dict[str, int]:
         with self._read() as connection:
             rows = connection.execute(select(_JOBS.c.status, func.count()).group_by(_JOBS.c.status)).all()
         return {str(status): int(count) for status, count in rows}
 
+    @_through_outages()
     def job_status(self, job_id: int) -> str:
         with self._read() as connection:
             status = connection.execute(select(_JOBS.c.status).where(_JOBS.c.id == job_id)).scalar()
@@ -540,22 +626,26 @@ class SQLResultStore(ResultStore):
             raise FarmError(f"no job {job_id} in {self!r}; `farm jobs` lists the jobs")
         return status
 
+    @_through_outages()
     def tasks(self, job_id: int) -> list[dict[str, Any]]:
         with self._read() as connection:
             return [_dict(row) for row in connection.execute(_tasks_of(job_id))]
 
     # Trials -----------------------------------------------------------------------------
 
+    @_through_outages()
     def measured_indices(self, task_id: int) -> set[int]:
         with self._read() as connection:
             return set(connection.execute(select(_TRIALS.c.config_index).where(_TRIALS.c.task_id == task_id)).scalars())
 
+    @_through_outages()
     def trial_count(self, task_id: int) -> int:
         with self._read() as connection:
             return connection.execute(
                 select(func.count()).select_from(_TRIALS).where(_TRIALS.c.task_id == task_id)
             ).scalar_one()
 
+    @_through_outages()
     def trials(self, job_id: int | None = None, task_id: int | None = None) -> pd.DataFrame:
         statement = _trials_select()
         if job_id is not None:
@@ -566,6 +656,7 @@ class SQLResultStore(ResultStore):
             rows = connection.execute(statement.order_by(_TRIALS.c.id)).all()
         return _frame(rows, TRIAL_COLUMNS)
 
+    @_through_outages()
     def best(self, task_id: int, k: int = 1) -> list[dict[str, Any]]:
         statement = (
             _trials_select()
@@ -580,11 +671,26 @@ class SQLResultStore(ResultStore):
         with self._read() as connection:
             return [_dict(row) for row in connection.execute(statement)]
 
+    def trial_activity(self, since: datetime, job_ids: Sequence[int] | None = None) -> list[dict[str, Any]]:
+        keys = (_TASKS.c.job_id, _TRIALS.c.worker, _TRIALS.c.status)
+        statement = (
+            select(*keys, func.count().label("trials"), func.max(_TRIALS.c.created_at).label("last_at"))
+            .join_from(_TRIALS, _TASKS, _TRIALS.c.task_id == _TASKS.c.id)
+            .where(_TRIALS.c.created_at >= since)
+            .group_by(*keys)
+            .order_by(*keys)
+        )
+        if job_ids is not None:
+            statement = statement.where(_TASKS.c.job_id.in_(list(job_ids)))
+        with self._read() as connection:
+            return [_dict(row) for row in connection.execute(statement)]
+
     def writer(self, batch_size: int = 256, flush_seconds: float | None = 0.5) -> ResultWriter:
-        return ResultWriter(self.engine, batch_size=batch_size, flush_seconds=flush_seconds)
+        return ResultWriter(self.engine, batch_size=batch_size, flush_seconds=flush_seconds, outage=self._outage)
 
     # Rounds and cost models -------------------------------------------------------------
 
+    @_through_outages()
     def add_round(self, task_id: int, round: int, trials: int, best_latency: float | None,
                   rank_corr: float | None = None, model_id: int | None = None) -> None:
         engine = self.engine
@@ -597,11 +703,13 @@ class SQLResultStore(ResultStore):
         with self._write() as connection:
             connection.execute(statement)
 
+    @_through_outages()
     def rounds(self, task_id: int) -> list[dict[str, Any]]:
         statement = select(_ROUNDS).where(_ROUNDS.c.task_id == task_id).order_by(_ROUNDS.c.round)
         with self._read() as connection:
             return [_dict(row) for row in connection.execute(statement)]
 
+    @_through_outages(idempotent=False)
     def save_model(self, family_key: str, task_id: int | None, model: bytes, feature_names: Sequence[str],
                    training_rows: int, training_seconds: float) -> int:
         next_version = (
@@ -629,6 +737,7 @@ class SQLResultStore(ResultStore):
                     raise
                 attempt += 1
 
+    @_through_outages()
     def latest_model(self, family_key: str) -> dict[str, Any] | None:
         statement = (
             select(_MODELS).where(_MODELS.c.family_key == family_key).order_by(_MODELS.c.version.desc()).limit(1)
@@ -641,12 +750,14 @@ class SQLResultStore(ResultStore):
         found["model"] = bytes(found["model"])  # some drivers return a memoryview
         return found
 
+    @_through_outages()
     def set_model_rank_corr(self, model_id: int, value: float) -> None:
         statement = update(_MODELS).where(_MODELS.c.id == model_id).values(rank_corr=value)
         with self._write() as connection:
             if connection.execute(statement).rowcount != 1:
                 raise KeyError(f"no cost model {model_id}")
 
+    @_through_outages()
     def trials_for_family(self, family_key: str, limit: int | None = None) -> pd.DataFrame:
         statement = (
             _trials_select()
@@ -664,6 +775,7 @@ class SQLResultStore(ResultStore):
 
     # Exports and workers ----------------------------------------------------------------
 
+    @_through_outages(idempotent=False)
     def add_export(self, job_id: int, format: str, path: str, records: int) -> int:
         statement = insert(_EXPORTS).values(
             job_id=job_id, format=format, path=path, records=records, created_at=utcnow()
@@ -671,6 +783,7 @@ class SQLResultStore(ResultStore):
         with self._write() as connection:
             return int(connection.execute(statement).inserted_primary_key[0])
 
+    @_through_outages()
     def register_worker(self, name: str, host: str, device: str, rpc_key: str, status: str = "idle") -> int:
         now = utcnow()
         values = {
@@ -690,12 +803,14 @@ class SQLResultStore(ResultStore):
         with self._write() as connection:
             return int(connection.execute(statement).scalar_one())
 
+    @_through_outages()
     def worker_seen(self, name: str, status: str) -> None:
         statement = update(_WORKERS).where(_WORKERS.c.name == name).values(status=status, last_seen_at=utcnow())
         with self._write() as connection:
             if connection.execute(statement).rowcount != 1:
                 raise KeyError(f"no worker named {name!r}; register_worker first")
 
+    @_through_outages()
     def workers(self) -> list[dict[str, Any]]:
         with self._read() as connection:
             return [_dict(row) for row in connection.execute(select(_WORKERS).order_by(_WORKERS.c.name))]

@@ -10,8 +10,9 @@ from typing import Any
 
 from sqlalchemy import Engine, Text, cast, func, select
 
-from db.engine import dialect_insert, for_writing
+from db.engine import dialect_insert, display_url, for_writing
 from db.models import TaskRecord, TrialRecord, utcnow
+from db.outage import Outage, first_line
 from farm.core import metrics
 from farm.core.measure import MeasureResult, Status
 
@@ -51,21 +52,28 @@ class ResultWriter:
 
     Contract:
 
-    - `add` only appends to a buffer, except that the `add` which fills it to `batch_size`
-      rows flushes them in the caller's thread.
-    - With `flush_seconds`, a daemon thread (started by the first `add`) flushes whatever
-      waits every `flush_seconds`, so a slow producer's results still arrive promptly.
+    - `add` only appends to a buffer. The `add` that fills it to `batch_size` rows has it
+      flushed at once: by the background thread when there is one (so `add` never waits for the
+      database), else in the caller's thread.
+    - With `flush_seconds`, a daemon thread (started by the first `add`) flushes whatever waits
+      every `flush_seconds`, so a slow producer's results still arrive promptly.
     - Idempotent: ``INSERT ... ON CONFLICT (task_id, config_index) DO NOTHING``. A config
       already stored, by this writer or another, is skipped; retrying a batch is safe.
-    - A failed flush keeps its rows, in order, for the next one: `flush` and `close` raise
-      the error, the background thread logs it and tries again at its next tick.
+    - Outages: a flush that finds the database unavailable keeps its rows, in order, and tries
+      again with backoff through `outage` (db.outage.Outage: the store's, shared with its other
+      calls; default: one of the writer's own) for up to the outage bound, while `add` goes on
+      buffering in memory. `flush` and `close` return once every row added before they were
+      called is stored, or raise DatabaseUnavailable after the bound; any other failure is
+      raised at once. Either way the rows stay buffered for the next flush; the background
+      thread logs such a failure in one line and tries again at its next tick.
     - On Postgres, a flush that stored rows sends ``NOTIFY farm_trials, '<job id>'`` for each
       job concerned, in the same transaction, so listeners hear only of committed rows.
     - Thread-safe: producers and the background thread share it. Not picklable: create it
       in the process that produces the results (`ResultStore.writer`).
     """
 
-    def __init__(self, engine: Engine, batch_size: int = 256, flush_seconds: float | None = 0.5) -> None:
+    def __init__(self, engine: Engine, batch_size: int = 256, flush_seconds: float | None = 0.5,
+                 outage: Outage | None = None) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if flush_seconds is not None and flush_seconds <= 0:
@@ -73,10 +81,13 @@ class ResultWriter:
         self.batch_size = batch_size
         self.flush_seconds = flush_seconds
         self._engine = for_writing(engine)
+        self._outage = outage or Outage(display_url(engine.url))
         self._rows: list[dict[str, Any]] = []
+        self._in_flight = 0  # rows a flush has taken from the buffer and not stored yet
         self._inserted = 0
         self._closed = False
         self._thread: threading.Thread | None = None
+        self._wake = threading.Event()  # the background thread's tick, or a full buffer
         self._stop = threading.Event()
         self._lock = threading.Lock()  # guards the buffer and the fields above
         # Flushes run one at a time, so that when flush() returns, every row added before
@@ -87,7 +98,7 @@ class ResultWriter:
     def pending(self) -> int:
         """Rows added but not yet stored."""
         with self._lock:
-            return len(self._rows)
+            return len(self._rows) + self._in_flight
 
     @property
     def inserted(self) -> int:
@@ -96,7 +107,7 @@ class ResultWriter:
             return self._inserted
 
     def add(self, task_id: int, result: MeasureResult) -> None:
-        """Buffer `result` of task `task_id`; flush if the buffer holds `batch_size` rows.
+        """Buffer `result` of task `task_id`; have the buffer flushed if it holds `batch_size` rows.
 
         Raises RuntimeError after `close`, ValueError for an unknown status.
         """
@@ -109,26 +120,39 @@ class ResultWriter:
             if self.flush_seconds is not None and self._thread is None:
                 self._thread = threading.Thread(target=self._flush_periodically, name="farm-result-writer", daemon=True)
                 self._thread.start()
-        if full:
+            background = self._thread is not None
+        if full and background:
+            self._wake.set()
+        elif full:
             self.flush()
 
     def flush(self) -> int:
-        """Store every buffered row in one transaction; return how many were new."""
+        """Store every buffered row in one transaction, riding out an outage (see the class
+        docstring); return how many were new."""
         with self._flush_lock:
-            with self._lock:
-                rows, self._rows = self._rows, []
-            if not rows:
+            if not self.pending:  # not through the outage: a call that reached no database ends none
                 return 0
-            try:
-                with metrics.db_write():
-                    inserted = self._insert(rows)
-            except BaseException:
-                with self._lock:
-                    self._rows[:0] = rows
-                raise
+            return self._outage.call(self._flush_once, "storing results")
+
+    def _flush_once(self) -> int:
+        """One try of `flush`: the rows it took go back to the front of the buffer if it fails."""
+        with self._lock:
+            rows, self._rows = self._rows, []
+            self._in_flight = len(rows)
+        if not rows:
+            return 0
+        try:
+            with metrics.db_write():
+                inserted = self._insert(rows)
+        except BaseException:
             with self._lock:
-                self._inserted += inserted
-            return inserted
+                self._rows[:0] = rows
+                self._in_flight = 0
+            raise
+        with self._lock:
+            self._inserted += inserted
+            self._in_flight = 0
+        return inserted
 
     def close(self) -> None:
         """Stop the background thread and flush. Later `add`s raise; calling it again retries."""
@@ -136,6 +160,7 @@ class ResultWriter:
             self._closed = True
             thread = self._thread
         self._stop.set()
+        self._wake.set()
         if thread is not None:
             thread.join()
         self.flush()
@@ -170,13 +195,13 @@ class ResultWriter:
 
     def _flush_periodically(self) -> None:
         assert self.flush_seconds is not None
-        while not self._stop.wait(self.flush_seconds):
+        while True:
+            self._wake.wait(self.flush_seconds)
+            self._wake.clear()
+            if self._stop.is_set():  # close() flushes what is left
+                return
             try:
                 self.flush()
-            except Exception:
-                log.warning(
-                    "storing %d results failed; retrying in %g s",
-                    self.pending,
-                    self.flush_seconds,
-                    exc_info=True,
-                )
+            except Exception as e:  # kept for the next tick; an outage was logged by the Outage
+                log.warning("storing %d results failed, retrying in %g s: %s", self.pending, self.flush_seconds,
+                            first_line(e))

@@ -8,18 +8,19 @@ import pickle
 import select
 import threading
 import time
-from collections.abc import Iterator
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pandas as pd
 import pytest
-from sqlalchemy import event
+from sqlalchemy import event, insert, update
 from sqlalchemy.exc import IntegrityError
 
 from db.engine import session_factory
-from db.models import WorkerRecord
+from db.models import JobRecord, TrialRecord, WorkerRecord, utcnow
 from db.store import TRIAL_COLUMNS, ResultStore, SQLResultStore, open_store
-from db.writer import NOTIFY_CHANNEL
+from db.writer import NOTIFY_CHANNEL, trial_row
 from farm.core.errors import FarmError
 from farm.core.measure import MeasureResult, Status
 
@@ -66,18 +67,10 @@ def failed(index: int, status: Status = Status.BUILD_ERROR) -> MeasureResult:
     return MeasureResult(index, {"tile_x": [index]}, status, error=f"config {index} failed")
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def url(request: pytest.FixtureRequest, tmp_path: Any) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path}/farm.db"
-    return request.getfixturevalue("pg_url")
-
-
-@pytest.fixture
-def store(url: str) -> Iterator[ResultStore]:
-    opened = open_store(url)
-    yield opened
-    opened.close()
+def store_at(store: ResultStore, task_id: int, result: MeasureResult, when: datetime) -> None:
+    """Store one trial as stored at `when` (the writer stamps rows with the time it is handed them)."""
+    with store.engine.begin() as connection:  # type: ignore[attr-defined]
+        connection.execute(insert(TrialRecord.__table__), [trial_row(task_id, result, when)])
 
 
 def _claim_in_child(store: ResultStore, scheduler_id: str, start: Any, results: Any) -> None:
@@ -200,6 +193,30 @@ class TestResultStore:
         assert job is not None and job["status"] == "failed" and job["error"] == "worker lost"
         with pytest.raises(ValueError, match="status must be one of"):
             store.finish_job(failing, "running")
+
+    def test_a_scheduler_finishes_only_a_job_it_still_holds(self, store: ResultStore) -> None:
+        """What a scheduler that could not reach the database records once it is back: nothing, if the
+        job was requeued and claimed by another meanwhile."""
+        job_id = make_job(store)
+        assert store.claim_job("first", job_id=job_id) == job_id and store.give_back(job_id, "first")
+        assert store.claim_job("second", job_id=job_id) == job_id
+        assert store.finish_job(job_id, "failed", "database unavailable", scheduler_id="first") is False
+        assert store.job_status(job_id) == "running"
+        assert store.finish_job(job_id, "done", scheduler_id="second") is True
+
+    def test_requeue_stale_counts_only_the_database_uptime(self, store: ResultStore) -> None:
+        """A job whose scheduler sent no heartbeat for `seconds` is queued again; on Postgres only if the
+        server has been up that long (no scheduler could send heartbeats to a server that was down)."""
+        job_id = make_job(store)
+        store.claim_job("gone", job_id=job_id)
+        ten_years = 10 * 365 * 86400.0
+        with store.engine.begin() as connection:
+            connection.execute(update(JobRecord.__table__).where(JobRecord.__table__.c.id == job_id)
+                               .values(heartbeat_at=utcnow() - timedelta(seconds=ten_years)))
+        postgres = store.engine.dialect.name == "postgresql"
+        assert store.requeue_stale(ten_years - 86400) == ([] if postgres else [job_id])
+        assert store.requeue_stale(60) == ([job_id] if postgres else [])
+        assert store.job_status(job_id) == "queued"
 
     def test_job_status_of_unknown_job_is_a_user_error(self, store: ResultStore) -> None:
         with pytest.raises(FarmError, match="no job 12345") as info:
@@ -335,6 +352,31 @@ class TestResultStore:
         assert [t["config_index"] for t in best] == [2, 3, 0]  # ok trials only, fastest first
         assert best[0]["latency"] == pytest.approx(2e-3) and best[0]["config"] == ok(2).config
         assert store.best(task_id + 1) == []
+
+    def test_trial_activity_counts_per_job_worker_and_status(self, store: ResultStore) -> None:
+        first, second = make_job(store), make_job(store, n_tasks=2)
+        a, (b, c) = store.tasks(first)[0]["id"], [t["id"] for t in store.tasks(second)]
+        now = datetime.now(UTC)
+
+        def stored(task_id: int, result: MeasureResult, seconds_ago: float, worker: str) -> None:
+            store_at(store, task_id, replace(result, worker=worker), now - timedelta(seconds=seconds_ago))
+
+        stored(a, ok(0, 1e-3), 300, "w0")  # before the window
+        stored(a, ok(1, 1e-3), 50, "w0")
+        stored(a, failed(2), 20, "w0")
+        stored(a, ok(3, 1e-3), 10, "w0")
+        stored(b, ok(0, 1e-3), 30, "w1")
+        stored(c, failed(0, Status.TIMEOUT), 5, "w1")  # a second task of the same job
+        since = now - timedelta(seconds=60)
+        rows = store.trial_activity(since)
+        assert [(r["job_id"], r["worker"], r["status"], r["trials"]) for r in rows] == [
+            (first, "w0", "build_error", 1), (first, "w0", "ok", 2), (second, "w1", "ok", 1),
+            (second, "w1", "timeout", 1)]
+        assert rows[1]["last_at"] == now - timedelta(seconds=10) and rows[1]["last_at"].tzinfo is not None
+        assert [r["job_id"] for r in store.trial_activity(since, [second])] == [second, second]
+        assert store.trial_activity(since, []) == []
+        assert sum(r["trials"] for r in store.trial_activity(now - timedelta(seconds=600), [first])) == 4
+        assert store.trial_activity(now + timedelta(seconds=1)) == []
 
     # Rounds and cost models -------------------------------------------------------------
 
