@@ -45,8 +45,9 @@ class WorkerActor:
         metrics.start_worker(name, self.device.key, kind)
 
     def info(self) -> dict[str, Any]:
-        """Where this worker runs and which device key it measures on."""
-        return {"name": self.device.name, "host": self.host, "gpu": self.gpu, "key": self.device.key,
+        """Where this worker runs (host, process id, GPU) and which device key it measures on."""
+        return {"name": self.device.name, "host": self.host, "pid": os.getpid(), "gpu": self.gpu,
+                "key": self.device.key,
                 "startup_seconds": self.startup_seconds, "metrics_address": self.metrics_address,
                 "busy_seconds": self.device.worker.busy_seconds}
 

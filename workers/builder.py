@@ -20,6 +20,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import hashlib
 import json
+import logging
 import multiprocessing
 import os
 import queue
@@ -43,6 +44,8 @@ from farm.core.errors import one_line
 from farm.core.measure import Status
 from farm.core.targets import TargetSpec
 from farm.core.task import Task
+
+log = logging.getLogger("farm.builder")
 
 # nvcc's ptxas report: "Used 72 registers, used 1 barriers, 2368 bytes smem"
 _PTXAS_USAGE = re.compile(r"Used (\d+) registers")
@@ -316,9 +319,15 @@ class ProcessPoolBuilder:
         return proc, parent
 
     def _run_slot(self, slot: int) -> None:
-        """One slot: take candidates off the queue until close(), each built in this slot's process."""
+        """One slot: once its process is warm, take candidates off the queue until close(), each
+        built in this slot's process. A cold slot takes no candidate: a warm one builds it sooner."""
         proc, conn = self._spawn(slot)
         warming = True  # the process answers its warm-up first
+        try:
+            proc, conn = self._ready(slot, proc, conn)
+            warming = False
+        except Exception as e:  # met again, and recorded, with the slot's first candidate
+            log.warning("build slot %d did not start: %s", slot, one_line(e))
         while (request := self._queue.get()) is not None:
             try:
                 if warming or not proc.is_alive():

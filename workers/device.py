@@ -1,34 +1,42 @@
 """A device of this machine as a farm worker: the RPC processes and the Worker measuring through them.
 
 - `LocalTracker`: a TVM RPC tracker as a child process (the embedded farm's, and `farm predict
-  --measure`'s); servers register with it under their device's key.
+  --measure`'s); servers register with it under their device's key. It is kept running: if it
+  dies, it is restarted on the same address within seconds, and the servers register with it
+  again (workers.rpc_server).
 - `ServerProcess`: the farm's RPC server for one device as a child process (pinned to a GPU
   with CUDA_VISIBLE_DEVICES, run with --no-fork for cuda), registered with a tracker; it can
   end the server's session processes when a kernel hangs (the server then serves again).
 - `LocalDevice`: the one way the farm starts a device here: a server (and a tracker, when none
-  is given), waiting until it is registered, and a `Worker` measuring through it. Worker actors,
-  the in-process worker pool and `farm predict --measure` all use it.
+  is given) and a `Worker` measuring through it, which compiles at once and measures once the
+  server is registered. Worker actors, the in-process worker pool and `farm predict --measure`
+  all use it.
 
-Every process started here runs in its own process group and is killed with it.
+Every process started here runs in its own process group and is killed with it, and dies with
+the process that started it, even one killed with SIGKILL (workers.lifeline).
 """
 
 from __future__ import annotations
 
+import concurrent.futures as cf
+import logging
 import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import IO
 
+from farm.core.backoff import Backoff
 from farm.core.errors import FarmError
 from farm.core.measure import MeasureResult
 from farm.core.task import Task
 from workers.worker import Worker, WorkerConfig
 
 _REPO = Path(__file__).resolve().parent.parent
+log = logging.getLogger("farm.device")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -58,8 +66,13 @@ def gpu_count() -> int:
 
 
 def kill_group(proc: subprocess.Popen[bytes]) -> None:
-    """Kill `proc` and every process it started (its process group), and reap it."""
-    if proc.poll() is None:
+    """Kill every process of `proc`'s process group, `proc` included, and reap it.
+
+    The group is signalled even when `proc` itself has ended, as long as it is not reaped yet (see
+    `exited`): what it started may live on (a TVM tracker's serving process outlives its launcher).
+    Once reaped, its id may belong to another process group, which is left alone.
+    """
+    if proc.returncode is None:
         try:
             os.killpg(proc.pid, 9)
         except ProcessLookupError:
@@ -67,18 +80,30 @@ def kill_group(proc: subprocess.Popen[bytes]) -> None:
     proc.wait()
 
 
+def exited(proc: subprocess.Popen[bytes]) -> bool:
+    """Whether `proc` has ended, without reaping it: until it is reaped its id stays its own and its
+    group's, so that `kill_group` can still end what it started."""
+    if proc.returncode is not None:
+        return True
+    try:
+        return os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:  # reaped by another waiter
+        return True
+
+
 def spawn_module(args: list[str], log: Path | None = None,
                  env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    """`python -m ARGS` in its own process group, this checkout importable, output to `log`."""
+    """`python -m ARGS` in its own process group, this checkout importable, output to `log`; the
+    group is killed when this process ends (workers.lifeline)."""
     full_env = dict(os.environ)
     full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_REPO), full_env.get("PYTHONPATH", "")]))
     full_env.update(env or {})
-    out: IO[bytes] | int = subprocess.DEVNULL
     if log is not None:
         log.parent.mkdir(parents=True, exist_ok=True)
-        out = open(log, "ab")
-    return subprocess.Popen([sys.executable, "-m", *args], env=full_env, stdout=out, stderr=subprocess.STDOUT,
-                            start_new_session=True)  # a Ctrl-C in the terminal reaches the farm only
+    argv = [sys.executable, "-m", "workers.lifeline", str(os.getpid()), *args]
+    with open(log, "ab") if log is not None else open(os.devnull, "wb") as out:  # the child keeps its copy
+        return subprocess.Popen(argv, env=full_env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)  # a Ctrl-C in the terminal reaches the farm only
 
 
 def wait_for_keys(tracker: tuple[str, int], keys: list[str], timeout: float,
@@ -94,6 +119,9 @@ def wait_for_keys(tracker: tuple[str, int], keys: list[str], timeout: float,
             if proc.poll() is not None:
                 raise FarmError(f"an RPC process exited with status {proc.returncode} (see its log: --log-dir)")
         try:
+            # TVM's client waits 5 s between tries of a tracker that does not listen yet: only ask
+            # one that accepts connections.
+            socket.create_connection(tracker, timeout=1).close()
             queues = rpc.connect_tracker(*tracker).summary()["queue_info"]
             missing = [k for k in keys if queues.get(k, {}).get("free", 0) < 1]
             if not missing:
@@ -102,8 +130,9 @@ def wait_for_keys(tracker: tuple[str, int], keys: list[str], timeout: float,
         except Exception as e:  # the tracker is still starting
             last = str(e).splitlines()[0] if str(e) else type(e).__name__
         time.sleep(0.3)
-    raise FarmError(f"RPC servers did not register with the tracker at {tracker[0]}:{tracker[1]} "
-                    f"within {timeout:.0f} s ({last})")
+    raise FarmError(f"no free RPC server registered under {', '.join(keys)} with the tracker at "
+                    f"{tracker[0]}:{tracker[1]} within {timeout:.0f} s ({last}); start the device's server "
+                    f"with that key (python -m workers.rpc_server --tracker HOST:PORT --key KEY) or check the key")
 
 
 class ServerProcess:
@@ -142,40 +171,95 @@ class ServerProcess:
 
 
 class LocalTracker:
-    """A TVM RPC tracker on this machine; `stop()` (or leaving `with`) ends it.
+    """A TVM RPC tracker on this machine, kept running until `stop()` (or leaving `with`).
+
+    A watchdog thread restarts it on the same address when it ends (killed, out of memory):
+    within `WATCH_SECONDS`, plus its start-up (about 2 s, TVM's import). The farm's RPC servers
+    register with the new one by themselves (workers.rpc_server), and a worker waits for a
+    session only a few seconds (workers.runner). A tracker that keeps failing to start is tried
+    again less and less often (every 30 s at most).
 
     It binds to `host` (127.0.0.1 by default: an RPC server executes whatever it is sent)."""
+
+    WATCH_SECONDS = 0.25
+    # Up this long, a restarted tracker counts as healthy again: the next restart comes at once.
+    HEALTHY_SECONDS = 10.0
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, log: Path | None = None) -> None:
         self.host, self.port, self.log = host, port, log
         self.proc: subprocess.Popen[bytes] | None = None
+        self.restarts = 0  # by the watchdog
+        self._lock = threading.Lock()  # `proc`, between the watchdog and stop()
+        self._stopped = threading.Event()
+        self._watchdog: threading.Thread | None = None
 
     @property
     def address(self) -> tuple[str, int]:
         return (self.host, self.port)
 
     def start(self, timeout: float = 30.0, wait: bool = True) -> LocalTracker:
-        """Start it; with `wait`, return once it accepts connections (FarmError if it does not),
-        else at once (its clients retry while it starts)."""
+        """Start it and its watchdog; with `wait`, return once it accepts connections (FarmError if
+        it does not), else at once (its clients retry while it starts)."""
         self.port = self.port or free_port(self.host)
-        self.proc = spawn_module(["tvm.exec.rpc_tracker", "--host", self.host, "--port", str(self.port),
-                                  "--port-end", str(self.port + 1), "--silent"], self.log)
-        if not wait:
-            return self
+        self._stopped.clear()
+        self.proc = self._spawn()
+        if wait:
+            self._wait_listening(timeout)
+        self._watchdog = threading.Thread(target=self._watch, daemon=True, name=f"farm-tracker-{self.port}")
+        self._watchdog.start()
+        return self
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        return spawn_module(["tvm.exec.rpc_tracker", "--host", self.host, "--port", str(self.port),
+                             "--port-end", str(self.port + 1), "--silent"], self.log)
+
+    def _wait_listening(self, timeout: float) -> None:
+        assert self.proc is not None
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
+            if exited(self.proc):
+                self.stop()
                 raise FarmError(f"the RPC tracker exited with status {self.proc.returncode}")
             with socket.socket() as s:
                 if s.connect_ex((self.host, self.port)) == 0:
-                    return self
+                    return
             time.sleep(0.1)
         self.stop()
         raise FarmError(f"the RPC tracker did not listen on {self.host}:{self.port} within {timeout:.0f} s")
 
+    def _watch(self) -> None:
+        """The watchdog: restart the tracker each time it has ended, until `stop()`."""
+        backoff = Backoff(1.0, 30.0)
+        started = time.monotonic()
+        delay = self.WATCH_SECONDS
+        while not self._stopped.wait(delay):
+            with self._lock:
+                if self._stopped.is_set():
+                    return
+                assert self.proc is not None
+                if not exited(self.proc):
+                    if time.monotonic() - started >= self.HEALTHY_SECONDS:
+                        backoff.reset()
+                    delay = self.WATCH_SECONDS
+                    continue
+                # Its whole group: a serving process left behind would hold the port.
+                kill_group(self.proc)
+                self.restarts += 1
+                log.warning("the RPC tracker on %s:%d ended (status %s); restarting it", self.host, self.port,
+                            self.proc.returncode)
+                self.proc = self._spawn()
+                started = time.monotonic()
+            delay = backoff.next()
+
     def stop(self) -> None:
-        if self.proc is not None:
-            kill_group(self.proc)
+        """End the tracker and its watchdog (the tracker is not restarted after this)."""
+        self._stopped.set()
+        with self._lock:
+            if self.proc is not None:
+                kill_group(self.proc)
+        if self._watchdog is not None and self._watchdog is not threading.current_thread():
+            self._watchdog.join()
+            self._watchdog = None
 
     def __enter__(self) -> LocalTracker:
         return self.start()
@@ -191,9 +275,14 @@ class LocalDevice:
     cuda, registered with `tracker` (a tracker is started here when `tracker` is None) under
     `key` (default `farm-KIND-HOST-NAME`). Without it, `key` names a server someone else runs
     (a lab board with a stock TVM server): sessions are kept short there, since a hung kernel
-    holds that device until its server ends the session. `start()` returns once the server is
-    registered (FarmError after `register_timeout` or if it exits); `close()` stops the worker
-    and every process started here.
+    holds that device until its server ends the session. `close()` stops the worker and every
+    process started here.
+
+    `start()` returns as soon as the processes are started: the worker's build processes warm up
+    and compile while the server comes up (a CUDA server takes seconds: TVM's import, the
+    driver). Measuring waits until a free server is registered under `key` (its session then
+    opens in the background); if none is within `register_timeout`, or the server exits first,
+    `ready()` and every call of the worker fail with a FarmError saying so.
     """
 
     def __init__(self, kind: str, name: str = "local", tracker: tuple[str, int] | None = None,
@@ -207,6 +296,7 @@ class LocalDevice:
         self.tracker_address = tracker
         self.server: ServerProcess | None = None
         self._worker: Worker | None = None
+        self._registered: cf.Future[None] = cf.Future()
 
     @property
     def worker(self) -> Worker:
@@ -225,16 +315,31 @@ class LocalDevice:
             config = WorkerConfig(name=self.name, tracker=self.tracker_address, key=self.key, kind=self.kind,
                                   build_workers=self.build_workers,
                                   session_timeout=600.0 if self.own_server else 120.0)
-            self._worker = Worker.create(config, on_hang=self.server.kill_sessions if self.server else None)
+            self._worker = Worker.create(config, on_hang=self.server.kill_sessions if self.server else None,
+                                         ready=self._registered)
             # Start-up in parallel: the build processes (TVM imports, a first nvcc) start while the
             # server registers, and the session opens in the background once it has.
             self._worker.builder.warm(self.kind)
-            if self.server is not None:
-                wait_for_keys(self.tracker_address, [self.key], self.register_timeout, [self.server.proc])
-            self._worker.runner.warm()
+            threading.Thread(target=self._register, args=(self._worker,), daemon=True,
+                             name=f"farm-register-{self.name}").start()
         except BaseException:
             self.close()
             raise
+        return self
+
+    def _register(self, worker: Worker) -> None:
+        """Wait for the server's registration, then open the session in the background."""
+        try:
+            wait_for_keys(self.tracker_address, [self.key], self.register_timeout,  # type: ignore[arg-type]
+                          [self.server.proc] if self.server else [])
+            worker.runner.warm()
+            self._registered.set_result(None)
+        except BaseException as e:
+            self._registered.set_exception(e)
+
+    def ready(self, timeout: float | None = None) -> LocalDevice:
+        """Return once the device can measure (its server registered); its FarmError if it cannot."""
+        self._registered.result(timeout)
         return self
 
     def process(self, task: Task, indices: list[int], shard: int = 0, round_: int = 0) -> list[MeasureResult]:

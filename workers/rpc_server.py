@@ -17,6 +17,12 @@ raises and its thread ends, leaving a server that never accepts again; here the 
 logged and the server goes on accepting, and should the server process end anyway this
 launcher restarts it, so one bad kernel never takes the device out of the farm.
 
+A tracker that goes away (killed, restarted) is tried again every `TRACKER_RETRY_SECONDS` for
+as long as it takes, and the server registers with it as soon as it is back. TVM's own server
+notices the loss within 2 s (it pings the tracker when idle, and registers again when a session
+ends) but retries only every 5 s and gives up after 60 s, when its listening thread ends and
+leaves a server that neither registers again nor exits to be restarted.
+
 SECURITY: an RPC server runs whatever module it is sent. Bind it to a private network only.
 """
 
@@ -25,11 +31,14 @@ from __future__ import annotations
 import argparse
 import hashlib
 import logging
+import socket
 import time
 from pathlib import Path
 from typing import Any
 
 log = logging.getLogger("farm.rpc_server")
+
+TRACKER_RETRY_SECONDS = 0.5
 
 _CUBINS: dict[str, bytes] = {}
 
@@ -68,6 +77,29 @@ def _register() -> None:
     tvm_ffi.register_global_func("tvm_callback_cuda_compile", _cuda_compile, override=True)
 
 
+def connect_to_tracker(addr: tuple[str, int]) -> socket.socket:
+    """A connection to the tracker at `addr`, tried every TRACKER_RETRY_SECONDS until it answers
+    (it replaces tvm.rpc.base.connect_with_retry in the server: see the module docstring)."""
+    from tvm.rpc import base
+
+    lost_at = None
+    while True:
+        sock = socket.socket(base.get_addr_family(addr), socket.SOCK_STREAM)
+        try:
+            sock.connect(addr)
+        except OSError as e:
+            sock.close()
+            if lost_at is None:
+                lost_at = time.monotonic()
+                log.warning("cannot reach the RPC tracker at %s:%d (%s); trying every %.1f s", *addr, e,
+                            TRACKER_RETRY_SECONDS)
+            time.sleep(TRACKER_RETRY_SECONDS)
+            continue
+        if lost_at is not None:
+            log.info("the RPC tracker at %s:%d answers again after %.1f s", *addr, time.monotonic() - lost_at)
+        return sock
+
+
 def serve_loop(sock: object, load_library: object, work_path: object) -> None:
     """TVM's session loop (tvm.rpc.server._serve_loop) with the farm's functions registered.
 
@@ -81,11 +113,11 @@ def serve_loop(sock: object, load_library: object, work_path: object) -> None:
 
 
 def _install() -> None:
-    """Runs in the server process before it serves: route sessions through `serve_loop`
-    and keep serving after a session process crashed."""
+    """Runs in the server process before it serves: route sessions through `serve_loop`, keep
+    serving after a session process crashed, and wait for a tracker that went away."""
     import os
 
-    from tvm.rpc import server
+    from tvm.rpc import base, server
 
     # By its importable name: under `python -m` this module is __main__, and a spawned
     # session process (--no-fork) unpickles its target by module and name.
@@ -104,6 +136,7 @@ def _install() -> None:
 
     server._serve_loop = rpc_server.serve_loop
     server._serving = serving_survives_crashes
+    base.connect_with_retry = rpc_server.connect_to_tracker
 
 
 def main(argv: list[str] | None = None) -> None:

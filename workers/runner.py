@@ -18,7 +18,9 @@ evaluation (its trial has one latency): random search proposes many such kernels
 each of them `repeat` x `number` times is where a tuning run's device time would go.
 
 Failures are data: a launch error, a server crash, a wrong output or a hang each become a
-MeasureResult with a status, and the runner reconnects for the next candidate. A candidate
+MeasureResult with a status, and the runner reconnects for the next candidate. Opening a session
+takes at most `open_timeout` seconds, retries included (the tracker or the server coming back);
+a candidate that gets none by then is a runtime error saying so. A candidate
 that runs past `timeout` is abandoned with its session; the server's `session_timeout`
 ends the hung session process on the device side, and `on_hang` lets an owner of the
 server restart it sooner.
@@ -29,6 +31,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import shutil
+import socket
+import struct
 import tempfile
 import threading
 import time
@@ -40,6 +44,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from farm.core import metrics
+from farm.core.backoff import Backoff
 from farm.core.errors import one_line
 from farm.core.measure import MeasureResult, Status
 from farm.core.task import Task
@@ -135,9 +140,12 @@ class RPCRunner:
         on_hang: Callable[[], None] | None = None,
         screen_factor: float | None = 10.0,
         name: str | None = None,
+        open_timeout: float = 15.0,
     ) -> None:
-        """`name`: the worker's, for its metrics (default: the device key)."""
+        """`name`: the worker's, for its metrics (default: the device key). `open_timeout`: the
+        longest a candidate waits for a session (see `_open`)."""
         self.tracker, self.key, self.kind = tracker, key, kind
+        self.open_timeout = open_timeout
         self.name = name or key
         self.evaluator = evaluator or EvaluatorConfig.for_target(kind)
         # Sessions last several candidate timeouts, or they would be renewed for every candidate.
@@ -156,22 +164,28 @@ class RPCRunner:
 
     # --- sessions ---------------------------------------------------------------------
 
-    def _open(self, attempts: int = 5) -> _Session:
-        """A new session; retried while the server is coming back (a killed or crashed session
-        process takes its server down for a moment, and the tracker may still offer it)."""
-        for attempt in range(attempts - 1):
+    def _open(self) -> _Session:
+        """A new session within `open_timeout` seconds, else the last error. Retried while the
+        server or the tracker is coming back: a killed or crashed session process takes its server
+        down for a moment (and the tracker may still offer it), and a tracker that was killed is
+        restarted by its owner (workers.device.LocalTracker), the servers registering again."""
+        deadline = time.monotonic() + self.open_timeout
+        backoff = Backoff(0.25, 2.0)
+        while True:
             try:
-                return self._connect()
+                return self._connect(deadline)
             except Exception as e:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise
                 log.info("opening a session on %s failed (%s); retrying", self.key, one_line(e))
-                time.sleep(1.0 + attempt)
-        return self._connect()
+                time.sleep(min(backoff.next(), left))
 
-    def _connect(self) -> _Session:
+    def _connect(self, deadline: float) -> _Session:
         from tvm import rpc
 
-        tracker = rpc.connect_tracker(*self.tracker)
-        sess = tracker.request(self.key, priority=1, session_timeout=self.session_timeout, max_retry=60)
+        host, port, matchkey = _request_server(self.tracker, self.key, deadline)
+        sess = rpc.connect(host, port, matchkey, session_timeout=self.session_timeout)
         opened = _Session(sess, self.kind, self.key)
         self.sessions_opened += 1
         return opened
@@ -270,7 +284,7 @@ class RPCRunner:
         result = self._measure_one(task, build)
         steps = self.phases
         timed = sum(b - a for a, b in result.timeline.get("timed", []))
-        metrics.observe_trial(result.status.value, self.kind, result.build_seconds,
+        metrics.observe_trial(self.name, result.status.value, self.kind, result.build_seconds,
                               steps["upload"] + steps.get("load", 0.0) if "upload" in steps else None,
                               timed if "timed" in result.timeline else None, steps.get("check"))
         return result
@@ -388,3 +402,39 @@ class RPCRunner:
         phase("evaluate")
         latency = float(np.median(result.latencies))
         self._best[key] = min(latency, best) if best is not None else latency
+
+
+def _request_server(tracker: tuple[str, int], key: str, deadline: float) -> tuple[str, int, str]:
+    """(host, port, match key) of a free server registered under `key`, from the tracker at
+    `tracker`, by `deadline` (time.monotonic()); an OSError (a timeout, a refused connection) or a
+    RuntimeError if not.
+
+    TVM's own client (rpc.connect_tracker(...).request) cannot be bounded: it retries connecting
+    to the tracker for 60 s, then waits for a free server for as long as it takes. This speaks the
+    same protocol (TVM's tracker messages) with a deadline on every step.
+    """
+    from tvm.rpc import base
+
+    def left() -> float:
+        return max(0.05, deadline - time.monotonic())
+
+    where = f"the RPC tracker at {tracker[0]}:{tracker[1]}"
+    try:
+        sock = socket.create_connection(tracker, timeout=left())
+    except OSError as e:
+        raise OSError(f"cannot reach {where}: {e.strerror or e}") from None
+    with sock:
+        sock.sendall(struct.pack("<i", base.RPC_TRACKER_MAGIC))
+        sock.settimeout(left())
+        if struct.unpack("<i", base.recvall(sock, 4))[0] != base.RPC_TRACKER_MAGIC:
+            raise RuntimeError(f"{tracker[0]}:{tracker[1]} is not an RPC tracker")
+        base.sendjson(sock, [base.TrackerCode.REQUEST, key, "", 1])
+        sock.settimeout(left())  # the tracker answers when a server under `key` is free
+        try:
+            value = base.recvjson(sock)
+        except TimeoutError:
+            raise TimeoutError(f"no server registered under {key} was free at {where} in time") from None
+    if value[0] != base.TrackerCode.SUCCESS:
+        raise RuntimeError(f"{where} refused a server of {key}: {value!r}")
+    host, port, matchkey = value[1]
+    return str(host), int(port), str(matchkey)

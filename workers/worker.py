@@ -42,21 +42,25 @@ class WorkerConfig:
 class Worker:
     """Builds and measures batches of one task's candidates on one device."""
 
-    def __init__(self, name: str, builder: Builder, runner: Runner) -> None:
-        """The worker owns `builder` and `runner` from now on (`close` closes them)."""
-        self.name, self.builder, self.runner = name, builder, runner
+    def __init__(self, name: str, builder: Builder, runner: Runner, ready: cf.Future[None] | None = None) -> None:
+        """The worker owns `builder` and `runner` from now on (`close` closes them). Candidates
+        compile at once; measuring waits for `ready` (its device coming up), and a `ready` that
+        failed fails every `process` call with its exception."""
+        self.name, self.builder, self.runner, self.ready = name, builder, runner, ready
         self.busy_seconds = 0.0  # time spent measuring (device busy), for utilisation metrics
         self._device = threading.Lock()
         self._preparing = cf.ThreadPoolExecutor(1, thread_name_prefix="farm-prepare")
 
     @classmethod
-    def create(cls, config: WorkerConfig, on_hang: Callable[[], None] | None = None) -> Worker:
+    def create(cls, config: WorkerConfig, on_hang: Callable[[], None] | None = None,
+               ready: cf.Future[None] | None = None) -> Worker:
         """The farm's worker: a process-pool builder on this node and an RPC runner on the device
-        registered under `config.key`; `on_hang` restarts that device's server after a hang."""
+        registered under `config.key`; `on_hang` restarts that device's server after a hang;
+        `ready` as in `Worker`."""
         builder = ProcessPoolBuilder(config.build_workers, config.build_timeout)
         runner = RPCRunner(config.tracker, config.key, config.kind, config.evaluator, timeout=config.run_timeout,
                            session_timeout=config.session_timeout, on_hang=on_hang, name=config.name)
-        return cls(config.name, builder, runner)
+        return cls(config.name, builder, runner, ready)
 
     def process(self, task: Task, indices: list[int], shard: int = 0, round_: int = 0) -> list[MeasureResult]:
         """Build and measure `indices`; one result per index, in order. Each candidate is measured
@@ -72,6 +76,8 @@ class Worker:
         for done in cf.as_completed(builds):
             build = done.result()
             prepared.result()
+            if self.ready is not None:
+                self.ready.result()
             with self._device:
                 start = time.perf_counter()
                 (measured,) = self.runner.measure(task, [build])

@@ -101,12 +101,14 @@ class TargetSpec:
         return self.kind
 
 
-def parse_target(text: str | dict[str, Any] | TargetSpec) -> TargetSpec:
+def parse_target(text: str | dict[str, Any] | TargetSpec, *, check_with_tvm: bool = True) -> TargetSpec:
     """`llvm`, `cuda`, or a JSON dict such as `{"kind": "cuda", "arch": "sm_80"}`.
 
     Raises FarmError for anything else (with the accepted forms in the message): a kind other
     than llvm or cuda, a cuda arch not in CUDA_ARCHS, a numeric attribute that is not an integer
-    within NUMERIC_ATTRS' bounds, an attribute TVM does not know.
+    within NUMERIC_ATTRS' bounds, and (with `check_with_tvm`) an attribute TVM does not know:
+    that check imports TVM, seconds in a fresh process, so a target the farm already checked
+    (stored with its job) is read back without it.
     """
     if isinstance(text, TargetSpec):
         return text
@@ -149,6 +151,8 @@ def parse_target(text: str | dict[str, Any] | TargetSpec) -> TargetSpec:
         spec = TargetSpec(json.dumps(doc, sort_keys=True))
     except (TypeError, ValueError) as e:  # values that are not JSON (a set, an object)
         raise FarmError(f"target {brief(doc)} is not a JSON dict of attributes: {e}") from None
+    if not check_with_tvm:
+        return spec
     try:
         spec.tvm()
     except Exception as e:  # TVM's own validation of attribute names and types
