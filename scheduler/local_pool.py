@@ -15,7 +15,7 @@ from typing import Protocol
 
 from farm.core.measure import MeasureResult
 from farm.core.task import Task
-from scheduler.pool import QUEUE_DEPTH
+from scheduler.pool import MAX_CALLS
 from scheduler.shards import LocalSearches
 from workers.device import LocalDevice, LocalTracker
 
@@ -31,30 +31,37 @@ class BatchWorker(Protocol):
 
 
 class LocalWorkerPool:
-    """`workers` measuring in this process; the pool owns them (and `tracker`) and closes them."""
+    """`workers` measuring in this process; the pool owns them (and `tracker`) and closes them.
+
+    A worker here has no process of its own that could die and be replaced: an exception it
+    raises fails that call's future, and the tuning loop measures the configs again.
+    """
 
     def __init__(self, workers: Sequence[BatchWorker], tracker: LocalTracker | None = None) -> None:
         self.workers = list(workers)
         self.tracker = tracker
-        self._threads = cf.ThreadPoolExecutor(len(self.workers) * QUEUE_DEPTH, thread_name_prefix="farm-worker")
+        self._threads = cf.ThreadPoolExecutor(len(self.workers) * MAX_CALLS, thread_name_prefix="farm-worker")
 
     @classmethod
     def on_this_machine(cls, kind: str, count: int = 1, rpc_keys: Sequence[str] = (),
                         tracker: tuple[str, int] | None = None, build_workers: int | None = None,
-                        log_dir: Path | None = None) -> LocalWorkerPool:
+                        log_dir: Path | None = None, register_timeout: float = 90.0) -> LocalWorkerPool:
         """`count` devices of this machine (GPU i for the i-th with cuda), or one worker per
         entry of `rpc_keys` (servers someone else runs), registered with `tracker` (one is
-        started here when None)."""
+        started here when None); a device with no free server registered within
+        `register_timeout` fails its calls with a FarmError (workers.device.LocalDevice)."""
         own = None if tracker is not None else LocalTracker(log=log_dir / "tracker.log" if log_dir else None).start()
         address = tracker or own.address  # type: ignore[union-attr]
         devices: list[LocalDevice] = []
         try:
             if rpc_keys:
                 devices = [LocalDevice(kind, f"local-{i}", address, key=k, own_server=False,
-                                       build_workers=build_workers).start() for i, k in enumerate(rpc_keys)]
+                                       build_workers=build_workers, register_timeout=register_timeout).start()
+                           for i, k in enumerate(rpc_keys)]
             else:
                 devices = [LocalDevice(kind, f"local-{i}", address, gpu=str(i), build_workers=build_workers,
-                                       log_dir=log_dir).start() for i in range(count)]
+                                       log_dir=log_dir, register_timeout=register_timeout).start()
+                           for i in range(count)]
         except BaseException:
             for d in devices:
                 d.close()

@@ -16,18 +16,23 @@ from farm.core.measure import MeasureResult
 from farm.core.task import Task
 from scheduler.shards import ShardSearches
 
-# Batches queued per worker: one running, one waiting behind it, so a device never idles
-# while the scheduler writes results and proposes (Kernel Tuner's parallel runner does the same).
+# Candidates in flight per worker, in batches (of the job's batch_size): enough that built
+# candidates wait for the device while the next ones compile and the search plans more, and few
+# enough that proposals are guided by a recent model.
 QUEUE_DEPTH = 2
+# Calls a worker runs at once: the tuning loop hands out work in chunks of a few candidates
+# (scheduler.tuner.CHUNK), so a worker with QUEUE_DEPTH batches in flight has many calls open.
+MAX_CALLS = 64
 
 
 class WorkerPool(Protocol):
     """The devices one job measures on, and the searches of its tasks' shards.
 
-    Contract: `submit` returns a future of one MeasureResult per index, in order (a worker that
-    fails as a whole fails the future; the loop records that); a worker runs at most
-    QUEUE_DEPTH batches at once. `searches` gives one search per worker's shard, none
-    proposing `measured`. `close` stops every process the pool started.
+    Contract: `submit` returns a future of one MeasureResult per index, in order; a worker
+    that fails as a whole (its process died) fails the future, and the pool starts a new worker
+    in its place for later calls (the loop measures the configs again). A worker runs up to
+    MAX_CALLS calls at once. `searches` gives one search per worker's shard, none proposing
+    `measured`. `close` stops every process the pool started.
     """
 
     @property

@@ -3,8 +3,8 @@ Ray actors beside them.
 
 One worker actor per device (`num_gpus=1` each), or one per named RPC key for devices that run only
 a TVM RPC server (`num_gpus=0`: the actor compiles and drives the remote board). Each actor
-runs up to QUEUE_DEPTH batches at once (one measuring, one compiling behind it), so calls
-are made with `max_concurrency` above that.
+has many calls open at once (the tuning loop's chunks: some compiling, some measuring), so it
+runs them in threads (`max_concurrency`).
 
 Each shard's search strategy runs in a `SearchActor` of its own (one per worker, created with
 the pool and reused for every task): the shards plan their batches in parallel, and each model
@@ -18,6 +18,7 @@ import concurrent.futures as cf
 import json
 import logging
 import os
+import threading
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -26,7 +27,7 @@ from farm.core.errors import one_line
 from farm.core.measure import MeasureResult
 from farm.core.search import SearchStrategy, search_class
 from farm.core.task import Task
-from scheduler.pool import QUEUE_DEPTH
+from scheduler.pool import MAX_CALLS
 from scheduler.shards import shard_search
 from workers.actor import WorkerActor
 
@@ -34,25 +35,34 @@ log = logging.getLogger("farm.scheduler")
 
 
 class RayWorkerPool:
-    """`count` device actors (or one actor per entry of `rpc_keys`) measuring `kind` kernels."""
+    """`count` device actors (or one actor per entry of `rpc_keys`) measuring `kind` kernels.
+
+    An actor whose process dies is replaced by a new one under the same name (see `submit`).
+    """
 
     def __init__(self, tracker: tuple[str, int], kind: str, count: int = 1, rpc_keys: list[str] | None = None,
                  build_workers: int | None = None, log_dir: str | None = None, name: str = "worker") -> None:
         import ray
 
-        remote = ray.remote(WorkerActor)
-        self.actors: list[Any] = []
-        if rpc_keys:
-            for i, key in enumerate(rpc_keys):
-                self.actors.append(remote.options(num_gpus=0, num_cpus=0, max_concurrency=QUEUE_DEPTH + 2).remote(
-                    f"{name}-{i}", tracker, kind, key=key, own_server=False, build_workers=build_workers))
-        else:
-            for i in range(count):
-                self.actors.append(remote.options(num_gpus=1, num_cpus=0, max_concurrency=QUEUE_DEPTH + 2).remote(
-                    f"{name}-{i}", tracker, kind, build_workers=build_workers, log_dir=log_dir))
+        self.tracker, self.kind, self.rpc_keys = tracker, kind, list(rpc_keys or [])
+        self.build_workers, self.log_dir, self.name = build_workers, log_dir, name
+        self._lock = threading.Lock()  # actors are replaced from Ray's callback threads
+        self.actors: list[Any] = [self._new_actor(i) for i in range(len(self.rpc_keys) or count)]
         # The shards' search actors start beside the worker actors, not after them.
         self._search_actors: list[Any] = self._new_search_actors()
         self.infos: list[dict[str, Any]] = ray.get([a.info.remote() for a in self.actors], timeout=180)
+
+    def _new_actor(self, i: int) -> Any:
+        """Start worker actor `i`: a GPU's (num_gpus=1), or the driver of the i-th RPC key's device."""
+        import ray
+
+        remote = ray.remote(WorkerActor).options(num_cpus=0, max_concurrency=MAX_CALLS + 2,
+                                                 num_gpus=0 if self.rpc_keys else 1)
+        if self.rpc_keys:
+            return remote.remote(f"{self.name}-{i}", self.tracker, self.kind, key=self.rpc_keys[i], own_server=False,
+                                 build_workers=self.build_workers)
+        return remote.remote(f"{self.name}-{i}", self.tracker, self.kind, build_workers=self.build_workers,
+                             log_dir=self.log_dir)
 
     @property
     def size(self) -> int:
@@ -64,18 +74,42 @@ class RayWorkerPool:
 
     def submit(self, worker: int, task: Task, indices: list[int], shard: int,
                round_: int) -> cf.Future[list[MeasureResult]]:
+        """Run the call on worker actor `worker`. If the actor has died (ActorDiedError), a new
+        actor takes its place before the future fails, so the configs can be sent again at once."""
+        import ray
+
         task_json = json.dumps(task.to_json(), sort_keys=True)
-        raw = self.actors[worker].process.remote(task_json, indices, shard, round_).future()
+        actor = self.actors[worker]
+        raw = actor.process.remote(task_json, indices, shard, round_).future()
         out: cf.Future[list[MeasureResult]] = cf.Future()
 
         def done(f: cf.Future[list[dict[str, Any]]]) -> None:
             try:
                 out.set_result([MeasureResult.from_json(d) for d in f.result()])
-            except Exception as e:  # the actor died: the scheduler records the batch as failed
+            except ray.exceptions.ActorDiedError as e:
+                self._replace(worker, actor, e)
+                out.set_exception(e)
+            except Exception as e:  # the scheduler measures the configs again
                 out.set_exception(e)
 
         raw.add_done_callback(done)
         return out
+
+    def _replace(self, worker: int, dead: Any, error: Exception) -> None:
+        """A new actor in place of `dead` (once, however many of its calls fail)."""
+        with self._lock:
+            if self.actors[worker] is not dead:
+                return
+            log.warning("worker actor %s died (%s); starting a new one", self.names[worker], one_line(error))
+            self.actors[worker] = new = self._new_actor(worker)
+        new.info.remote().future().add_done_callback(lambda f: self._set_info(worker, f))
+
+    def _set_info(self, worker: int, info: cf.Future[dict[str, Any]]) -> None:
+        """Record a replacement actor's info (its metrics address) once it is up."""
+        try:
+            self.infos[worker] = info.result()
+        except Exception as e:  # it died too: its calls fail, and it is replaced again
+            log.warning("worker actor %s did not start: %s", self.names[worker], one_line(e))
 
     def searches(self, search: str, task: Task, seed: int, measured: Iterable[int]) -> RaySearches:
         """One search per worker's shard of `task`, in this pool's search actors (see RaySearches)."""
@@ -165,20 +199,20 @@ class RaySearches:
     def count(self) -> int:
         return len(self.actors)
 
-    def propose(self, requests: Sequence[tuple[int, int]]) -> list[list[int]]:
-        import ray
-
-        return ray.get([self.actors[shard].propose.remote(n) for shard, n in requests])
+    def propose(self, requests: Sequence[tuple[int, int]]) -> list[cf.Future[list[int]]]:
+        return [self.actors[shard].propose.remote(n).future() for shard, n in requests]
 
     def observe(self, shard: int, results: list[MeasureResult]) -> None:
         self.actors[shard].observe.remote(results)
 
     def set_model(self, model: StoredModel | None) -> None:
-        """Put the model's bytes into the object store once; every shard's actor reads them there."""
+        """Put the model's bytes into the object store once; every shard's actor reads them there.
+        Not waited for: an actor runs its calls in order, so its next proposal uses the model."""
         import ray
 
         ref = ray.put(model.model.to_bytes() if model is not None and model.model.trained else None)
-        ray.get([a.set_model.remote(ref, model.model_id if model else None) for a in self.actors])
+        for a in self.actors:
+            a.set_model.remote(ref, model.model_id if model else None)
 
     def info(self) -> list[dict[str, Any]]:
         """Each shard actor's `SearchActor.info`."""

@@ -8,11 +8,13 @@ is retrained when a round closes. Two implementations:
   benchmarks that need no cluster).
 - `scheduler.ray_pool.RaySearches`: one Ray actor per shard. A new model is put into the Ray
   object store once and every shard's actor reads it from there; the shards plan their
-  batches in parallel, each in its own process, anywhere on the cluster.
+  batches in parallel, each in its own process, anywhere on the cluster, while the tuning loop
+  goes on (proposals are futures).
 """
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 from collections.abc import Iterable, Sequence
 from typing import Protocol
 
@@ -30,16 +32,18 @@ class ShardSearches(Protocol):
     def count(self) -> int:
         """How many shards."""
 
-    def propose(self, requests: Sequence[tuple[int, int]]) -> list[list[int]]:
-        """For each (shard, n): up to n new config indices of that shard (the SearchStrategy
-        contract: valid, never proposed or measured before; fewer only when the shard is out).
-        Requests to different shards may be planned in parallel."""
+    def propose(self, requests: Sequence[tuple[int, int]]) -> list[cf.Future[list[int]]]:
+        """For each (shard, n): a future of up to n new config indices of that shard (the
+        SearchStrategy contract: valid, never proposed or measured before; fewer only when the
+        shard is out). A shard plans its requests in the order they were made, after every
+        `observe` and `set_model` made before; different shards may plan in parallel."""
 
     def observe(self, shard: int, results: list[MeasureResult]) -> None:
-        """Feed back a batch measured from `shard`; seen by that shard before its next proposal."""
+        """Feed back results measured from `shard`; seen by that shard before its next proposal."""
 
     def set_model(self, model: StoredModel | None) -> None:
-        """Hand every shard the model to guide its next proposals (None: no model)."""
+        """Hand every shard the model to guide its next proposals (None: no model); may return
+        before the shards have it (their next proposals still use it)."""
 
     def close(self) -> None:
         """Release what the searches hold (processes, actors)."""
@@ -64,8 +68,14 @@ class LocalSearches:
     def count(self) -> int:
         return len(self.strategies)
 
-    def propose(self, requests: Sequence[tuple[int, int]]) -> list[list[int]]:
-        return [self.strategies[shard].propose(n) for shard, n in requests]
+    def propose(self, requests: Sequence[tuple[int, int]]) -> list[cf.Future[list[int]]]:
+        """Planned here and now, in order: the futures are done when they are returned."""
+        futures: list[cf.Future[list[int]]] = []
+        for shard, n in requests:
+            future: cf.Future[list[int]] = cf.Future()
+            future.set_result(self.strategies[shard].propose(n))
+            futures.append(future)
+        return futures
 
     def observe(self, shard: int, results: list[MeasureResult]) -> None:
         self.strategies[shard].observe(results)

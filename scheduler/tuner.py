@@ -1,11 +1,24 @@
-"""The tuning loop of one job: shard each task's space over the workers and run rounds.
+"""The tuning loop of one job: shard each task's space over the workers and keep every device fed.
 
-Every worker's shard proposes batches (its search strategy, never a config already
-measured); each worker has one batch running and one queued, the workers build and measure
-in parallel, and the results are written to the store in batches. A worker whose shard has
-nothing left takes configs from another shard. The loop stops at each task's budget exactly, when the space is
-exhausted, or when the job is cancelled. A job's budget is spread over its tasks when the
-job is created (farm.core.jobspec.JobRequest).
+Work flows as a stream of small chunks rather than batches that wait for one another:
+
+- Each worker keeps up to `QUEUE_DEPTH * batch_size` candidates in flight (being proposed,
+  compiling, built and waiting, or measuring). Its shard's search proposes them CHUNK at a
+  time, in the search's own process, while the loop goes on; a chunk goes to its worker as soon
+  as it is proposed, and comes back as soon as its few candidates are measured. So one slow
+  compile holds back only its own chunk, and the device always has built candidates queued.
+- A round closes every `pool.size * batch_size` results: the writer is flushed, and the shared
+  cost model is retrained on every trial of the task's family in a background thread; the new
+  model reaches every shard's search before its next proposal. Chunks go on flowing meanwhile,
+  guided by the previous model until the new one arrives.
+- A chunk whose worker failed as a whole (its process died; the pool replaces it) is not a
+  result: its configs are measured again on whichever worker has room, and recorded as failed
+  only after MAX_ATTEMPTS such failures. A worker that fails with a FarmError cannot measure at
+  all (its device never registered): the job fails with that error.
+
+The loop stops at each task's budget exactly, when the space is exhausted, or when the job is
+cancelled (the chunks in flight then finish and are kept). A job's budget is spread over its
+tasks when the job is created (farm.core.jobspec.JobRequest).
 """
 
 from __future__ import annotations
@@ -20,25 +33,31 @@ from typing import Any
 from db.store import ResultStore
 from db.writer import ResultWriter
 from farm.core import metrics
-from farm.core.errors import one_line
+from farm.core.errors import FarmError, one_line
 from farm.core.measure import MeasureResult, Status
 from farm.core.task import Task
 from scheduler.pool import QUEUE_DEPTH, WorkerPool
-from scheduler.retrain import retrain, starting_model
+from scheduler.retrain import Retrained, retrain, starting_model
 from scheduler.shards import ShardSearches
 
 log = logging.getLogger("farm.scheduler")
 
-# Candidates in each worker's first batch of a task. A worker returns a batch's results
-# together, so the first trial is recorded after its first batch: a small one (the full batch
-# queued behind it) puts a result in the database seconds after the job starts.
+# Candidates per call to a worker: results come back a few at a time (progress moves per few
+# trials; a slow compile delays only its chunk's results), and a call costs about a millisecond.
+CHUNK = 4
+# Candidates in each worker's first chunk of a task: the first result is stored seconds after
+# the workers are up, while the chunks behind it compile.
 FIRST_BATCH = 2
+# A config whose worker died under it this many times is recorded as failed (a candidate that
+# kills its worker every time is data too).
+MAX_ATTEMPTS = 3
+# How often the loop asks the store whether the job was cancelled.
+CANCEL_POLL_SECONDS = 1.0
 
-Inflight = dict[cf.Future[list[MeasureResult]], tuple[int, int, list[int]]]  # batch -> (worker, shard, indices)
 
 @dataclass
 class Progress:
-    """What a progress display needs after each batch."""
+    """What a progress display needs after each chunk of results."""
 
     task_number: int
     tasks: int
@@ -59,9 +78,12 @@ def run_job(
     batch_size: int = 16,
     on_progress: Callable[[Progress], None] | None = None,
     stall_seconds: float = 300.0,
+    should_stop: Callable[[], bool] = lambda: False,
 ) -> str:
     """Run every task of the job to its budget on `pool`; returns the final status ("done" or
-    "cancelled"). Results are written through one batched writer of `store`."""
+    "cancelled"). Results are written through one batched writer of `store`. The job stops as
+    if cancelled (the chunks in flight finish and are kept) when the store says it was
+    cancelled or `should_stop()` is true, both asked about once a second."""
     tasks = store.tasks(job_id)
     for row in tasks:
         metrics.set_task_progress(job_id, row["id"], store.trial_count(row["id"]), row["budget"])
@@ -79,8 +101,18 @@ def run_job(
                     if on_progress is not None:
                         on_progress(Progress(number, len(tasks), task, done, row["budget"], best, last))
 
-                status = _run_task(store, writer, job_id, row, task, pool, search, seed, batch_size,
-                                   report, stall_seconds)
+                measured = store.measured_indices(row["id"])
+                start = time.monotonic()
+                log.info("task %s: starting %s shard searches", row["id"], search)
+                searches = pool.searches(search, task, seed, measured)
+                log.info("task %s: %d shard searches (%s) started in %.1f s", row["id"], searches.count, search,
+                         time.monotonic() - start)
+                try:
+                    loop = _TaskLoop(store, writer, job_id, row, task, pool, searches, batch_size, report,
+                                     len(measured), should_stop)
+                    status = loop.run(stall_seconds)
+                finally:
+                    searches.close()
                 if status == "cancelled":
                     return status
         return "done"
@@ -88,132 +120,209 @@ def run_job(
         metrics.clear_job(job_id)
 
 
-def _run_task(store: ResultStore, writer: ResultWriter, job_id: int, row: dict[str, Any], task: Task, pool: WorkerPool,
-              search: str, seed: int, batch_size: int,
-              report: Callable[[int, float | None, list[MeasureResult]], None],
-              stall_seconds: float) -> str:
-    """Keep every worker busy with up to QUEUE_DEPTH batches until the budget is spent.
+@dataclass
+class _Chunk:
+    """Configs of one shard handed to one worker in one call."""
 
-    A round closes each time `pool.size * batch_size` results have arrived: the writer is
-    flushed, the shared cost model is retrained on every trial of the task's family and handed
-    to every shard's search, and the round is recorded with the previous model's rank
-    correlation on the round's results.
+    worker: int
+    shard: int
+    indices: list[int]
+    round: int
+    attempt: int
+
+
+class _TaskLoop:
+    """One task's loop (see the module docstring): its state, and what each event does to it.
+
+    Everything here runs in the caller's thread; only the retraining runs in a thread of its own.
     """
-    measured = store.measured_indices(row["id"])
-    start = time.monotonic()
-    searches = pool.searches(search, task, seed, measured)
-    log.info("task %s: %d shard searches (%s) ready in %.1f s", row["id"], searches.count, search,
-             time.monotonic() - start)
-    try:
-        return _tune(store, writer, job_id, row, task, pool, searches, batch_size, report, stall_seconds,
-                     len(measured))
-    finally:
-        searches.close()
 
+    def __init__(self, store: ResultStore, writer: ResultWriter, job_id: int, row: dict[str, Any], task: Task,
+                 pool: WorkerPool, searches: ShardSearches, batch_size: int,
+                 report: Callable[[int, float | None, list[MeasureResult]], None], done: int,
+                 should_stop: Callable[[], bool]) -> None:
+        self.store, self.writer, self.job_id, self.row, self.task = store, writer, job_id, row, task
+        self.should_stop = should_stop
+        self.pool, self.searches, self.report = pool, searches, report
+        self.task_id, self.budget, self.done = row["id"], row["budget"], done
+        self.capacity = QUEUE_DEPTH * batch_size  # candidates in flight per worker
+        self.chunk = min(CHUNK, batch_size)
+        self.round_size = pool.size * batch_size
+        self.best = min((b["latency"] for b in store.best(self.task_id, 1)), default=None)
+        self.round = len(store.rounds(self.task_id))
+        # A task of a template and target kind tuned before starts from the family's model.
+        self.current = starting_model(store, row)
+        searches.set_model(self.current)
+        self.in_flight = [0] * pool.size  # candidates being proposed for, or handed to, each worker
+        self.started = [False] * pool.size
+        self.proposals: dict[cf.Future[list[int]], tuple[int, int]] = {}  # -> (worker, n)
+        self.running: dict[cf.Future[list[MeasureResult]], _Chunk] = {}
+        self.retry: list[_Chunk] = []  # chunks whose worker died: to measure again
+        self.round_results: list[MeasureResult] = []
+        self.retraining: cf.Future[Retrained] | None = None
+        self.closing: tuple[int, int, float | None, int | None] = (0, 0, None, None)  # round, done, best, guide
+        self.round_started = time.monotonic()
+        self.exhausted = False
+        self.cancelled = self._stopped()
+        self._trainer = cf.ThreadPoolExecutor(1, thread_name_prefix="farm-retrain")
 
-def _tune(store: ResultStore, writer: ResultWriter, job_id: int, row: dict[str, Any], task: Task, pool: WorkerPool,
-          searches: ShardSearches, batch_size: int,
-          report: Callable[[int, float | None, list[MeasureResult]], None], stall_seconds: float, done: int) -> str:
-    """The loop of `_run_task`, `done` trials into the task's budget."""
-    task_id, budget = row["id"], row["budget"]
-    best = min((b["latency"] for b in store.best(task_id, 1)), default=None)
-    round_ = len(store.rounds(task_id))
-    # A task of a template and target kind tuned before starts from the family's model.
-    current = starting_model(store, row)
-    searches.set_model(current)
-    round_results: list[MeasureResult] = []
-    report(done, best, [])
-    inflight: Inflight = {}
-    queued = [0] * pool.size
-    started = [False] * pool.size
-    exhausted = False
-    cancelled = store.job_status(job_id) == "cancelled"
-    since_round = 0
-    round_started = time.monotonic()
-    while True:
-        # Fill the queues level by level, so that every worker gets work before any gets two
-        # batches, and the last trials of the budget are spread over the workers too. The
-        # shards of one level plan their batches in parallel.
-        for depth in range(QUEUE_DEPTH):
-            left = budget - done - sum(len(i) for _, _, i in inflight.values())
-            share = -(-left // pool.size)
-            wanted: list[tuple[int, int]] = []
-            for worker in range(pool.size):
-                n = min(batch_size, share, left)
-                if not started[worker]:  # a worker's first batch is small: its first results come soon
-                    n, started[worker] = min(n, FIRST_BATCH), True
-                if cancelled or exhausted or n <= 0 or queued[worker] > depth:
+    def run(self, stall_seconds: float) -> str:
+        """Run the task to its budget; "done" or "cancelled"."""
+        polled = time.monotonic()
+        try:
+            while True:
+                self._fill()
+                if not self.proposals and not self.running and (self.cancelled or not self.retry):
+                    if self.retraining is not None:
+                        self._retrained()  # waits for it
+                    elif self.round_results:
+                        self._close_round()  # the last, partial round
+                    else:
+                        break
                     continue
-                wanted.append((worker, n))
-                left -= n
-            for (worker, n), indices in zip(wanted, searches.propose(wanted), strict=True):
-                shard = worker
-                if not indices:  # work stealing: the first shard with configs left
-                    shard, indices = _steal(searches, n)
-                if not indices:
-                    exhausted = True
-                    log.info("task %s: space exhausted after %d trials", task, done)
+                waiting: list[cf.Future[Any]] = [*self.proposals, *self.running]
+                if self.retraining is not None:
+                    waiting.append(self.retraining)
+                finished, _ = cf.wait(waiting, timeout=stall_seconds, return_when=cf.FIRST_COMPLETED)
+                if not finished:  # the watchdog: say so and keep waiting (a hang ends as a timeout result)
+                    log.warning("task %s: nothing finished in %.0f s (%d chunks running)", self.task,
+                                stall_seconds, len(self.running))
                     continue
-                inflight[pool.submit(worker, task, indices, shard, round_)] = (worker, shard, indices)
-                queued[worker] += 1
-        _queue_metrics(pool, inflight)
-        if not inflight:
-            break
-        finished, _ = cf.wait(list(inflight), timeout=stall_seconds, return_when=cf.FIRST_COMPLETED)
-        if not finished:  # the watchdog: say so and keep waiting (a hang ends as a timeout result)
-            log.warning("task %s: no batch finished in %.0f s (%d running)", task, stall_seconds, len(inflight))
-            continue
-        for future in finished:
-            worker, shard, indices = inflight.pop(future)
-            queued[worker] -= 1
-            results = _results(future, task, indices, shard, round_)
-            for r in results:
-                writer.add(task_id, r)
-            searches.observe(shard, results)
-            round_results.extend(results)
-            done += len(results)
-            since_round += len(results)
-            best = _best(best, results)
-            report(done, best, results)
-        cancelled = cancelled or store.job_status(job_id) == "cancelled"
-        if round_results and (since_round >= pool.size * batch_size or not inflight):
-            writer.flush()  # the retraining reads every trial of the family from the store
-            guided_by = current.model_id if current else None  # the model the round's rank_corr scores
-            trained = retrain(store, row, task, current, round_results)
-            metrics.observe_retrain(job_id, task_id, trained.training_seconds, trained.rank_corr)
-            metrics.observe_round(task.target.kind, time.monotonic() - round_started)
-            round_started = time.monotonic()
-            current = trained.current
-            searches.set_model(current)
-            store.add_round(task_id, round_, done, best, trained.rank_corr, guided_by)
-            round_, since_round, round_results = round_ + 1, 0, []
-    return "cancelled" if cancelled else "done"
+                for future in finished:
+                    if future is self.retraining:
+                        self._retrained()
+                    elif future in self.proposals:
+                        self._proposed(future)
+                    else:
+                        self._measured(future)
+                if time.monotonic() - polled >= CANCEL_POLL_SECONDS:
+                    polled = time.monotonic()
+                    self.cancelled = self.cancelled or self._stopped()
+                if len(self.round_results) >= self.round_size:
+                    self._close_round()
+                self._queue_metrics()
+        finally:
+            self._trainer.shutdown(wait=True)
+        return "cancelled" if self.cancelled else "done"
 
+    def _stopped(self) -> bool:
+        return self.should_stop() or self.store.job_status(self.job_id) == "cancelled"
 
-def _queue_metrics(pool: WorkerPool, inflight: Inflight) -> None:
-    """Per worker: candidates of its oldest unfinished batch (in flight) and of those behind it."""
-    batches: dict[int, list[int]] = {w: [] for w in range(pool.size)}
-    for worker, _, indices in inflight.values():  # in submission order
-        batches[worker].append(len(indices))
-    for worker, sizes in batches.items():
-        metrics.set_worker_queue(pool.names[worker], sizes[0] if sizes else 0, sum(sizes[1:]))
+    # --- handing out work ---------------------------------------------------------------
 
+    def _left(self) -> int:
+        """Trials of the budget not yet measured, handed out or waiting to be handed out again."""
+        return self.budget - self.done - sum(self.in_flight) - sum(len(c.indices) for c in self.retry)
 
-def _results(future: cf.Future[list[MeasureResult]], task: Task, indices: list[int], shard: int,
-             round_: int) -> list[MeasureResult]:
-    """The batch's results; a worker that failed as a whole yields a runtime error per config."""
-    try:
-        return future.result()
-    except Exception as e:
-        log.warning("a worker failed on a batch of %s: %s", task, one_line(e))
-        return [MeasureResult(i, task.space.get(i).to_json(), Status.RUNTIME_ERROR, f"worker failed: {one_line(e)}",
-                              shard=shard, round=round_) for i in indices]
+    def _roomiest(self) -> int | None:
+        """The worker with the fewest candidates in flight, if it has room for more: filling the
+        emptiest first gives every worker work before any gets more, and spreads a budget's
+        last trials over all of them."""
+        worker = min(range(self.pool.size), key=self.in_flight.__getitem__)
+        return worker if self.in_flight[worker] < self.capacity else None
+
+    def _fill(self) -> None:
+        """Hand out work until every worker is full or the budget is all handed out."""
+        if self.cancelled:
+            return
+        while self.retry and (worker := self._roomiest()) is not None:
+            chunk = self.retry.pop(0)
+            self._submit(worker, chunk.shard, chunk.indices, chunk.attempt + 1)
+        while not self.exhausted and (left := self._left()) > 0 and (worker := self._roomiest()) is not None:
+            n = min(self.chunk, left, self.capacity - self.in_flight[worker])
+            if not self.started[worker]:
+                n, self.started[worker] = min(n, FIRST_BATCH), True
+            (future,) = self.searches.propose([(worker, n)])  # worker i searches shard i
+            self.proposals[future] = (worker, n)
+            self.in_flight[worker] += n
+
+    def _submit(self, worker: int, shard: int, indices: list[int], attempt: int) -> None:
+        future = self.pool.submit(worker, self.task, indices, shard, self.round)
+        self.running[future] = _Chunk(worker, shard, indices, self.round, attempt)
+        self.in_flight[worker] += len(indices)
+
+    # --- events -------------------------------------------------------------------------
+
+    def _proposed(self, future: cf.Future[list[int]]) -> None:
+        worker, n = self.proposals.pop(future)
+        self.in_flight[worker] -= n
+        shard, indices = worker, future.result()
+        if not indices:  # work stealing: the first shard with configs left
+            shard, indices = _steal(self.searches, n)
+        if not indices:
+            if not self.exhausted:
+                log.info("task %s: space exhausted after %d trials", self.task, self.done)
+            self.exhausted = True
+            return
+        self._submit(worker, shard, indices, 1)
+
+    def _measured(self, future: cf.Future[list[MeasureResult]]) -> None:
+        chunk = self.running.pop(future)
+        self.in_flight[chunk.worker] -= len(chunk.indices)
+        try:
+            results = future.result()
+        except FarmError:  # the worker cannot measure at all (its device never came up): the job fails
+            raise
+        except Exception as e:  # the worker failed as a whole: the farm's fault, not the candidates'
+            name = self.pool.names[chunk.worker]
+            if chunk.attempt < MAX_ATTEMPTS:
+                log.warning("worker %s failed on %d candidates of %s (%s); measuring them again", name,
+                            len(chunk.indices), self.task, one_line(e))
+                self.retry.append(chunk)
+                return
+            log.warning("worker %s failed on %d candidates of %s for the %d. time (%s); recording them as failed",
+                        name, len(chunk.indices), self.task, chunk.attempt, one_line(e))
+            results = [MeasureResult(i, self.task.space.get(i).to_json(), Status.RUNTIME_ERROR,
+                                     f"worker failed {chunk.attempt} times: {one_line(e)}", worker=name,
+                                     shard=chunk.shard, round=chunk.round) for i in chunk.indices]
+        for r in results:
+            self.writer.add(self.task_id, r)
+        self.searches.observe(chunk.shard, results)
+        self.round_results.extend(results)
+        self.done += len(results)
+        self.best = _best(self.best, results)
+        self.report(self.done, self.best, results)
+
+    # --- rounds -------------------------------------------------------------------------
+
+    def _close_round(self) -> None:
+        """Start retraining on the round's results (one retraining at a time: a round that
+        fills up while one runs closes when it has finished)."""
+        if self.retraining is not None or not self.round_results:
+            return
+        self.writer.flush()  # the retraining reads every trial of the family from the store
+        # The model the round's rank correlation scores is the one that guided it.
+        self.closing = (self.round, self.done, self.best, self.current.model_id if self.current else None)
+        self.retraining = self._trainer.submit(retrain, self.store, self.row, self.task, self.current,
+                                               self.round_results)
+        self.round, self.round_results = self.round + 1, []
+
+    def _retrained(self) -> None:
+        assert self.retraining is not None
+        trained = self.retraining.result()
+        self.retraining = None
+        round_, done, best, guided_by = self.closing
+        metrics.observe_retrain(self.job_id, self.task_id, trained.training_seconds, trained.rank_corr)
+        metrics.observe_round(self.task.target.kind, time.monotonic() - self.round_started)
+        self.round_started = time.monotonic()
+        self.current = trained.current
+        self.searches.set_model(self.current)
+        self.store.add_round(self.task_id, round_, done, best, trained.rank_corr, guided_by)
+
+    def _queue_metrics(self) -> None:
+        """Per worker: candidates handed to it (in flight) and those its search is proposing (queued)."""
+        handed = [0] * self.pool.size
+        for chunk in self.running.values():
+            handed[chunk.worker] += len(chunk.indices)
+        for worker, name in enumerate(self.pool.names):
+            metrics.set_worker_queue(name, handed[worker], self.in_flight[worker] - handed[worker])
 
 
 def _steal(searches: ShardSearches, n: int) -> tuple[int, list[int]]:
     """(shard, indices) from the first shard with configs left; no indices when all are out."""
     for shard in range(searches.count):
-        (indices,) = searches.propose([(shard, n)])
+        (future,) = searches.propose([(shard, n)])
+        indices = future.result()
         if indices:
             return shard, indices
     return 0, []
