@@ -15,7 +15,7 @@ from rich.table import Table
 
 from deploy.cluster import cluster_app
 from farm.core.errors import FarmError, require_folder_of
-from farm.progress import make_console
+from farm.progress import format_latency, make_console
 
 if TYPE_CHECKING:
     from db.store import ResultStore
@@ -256,20 +256,39 @@ def _host_port(text: str) -> tuple[str, int]:
 JobArg = Annotated[int, typer.Argument(help="Job id (see `farm jobs`).")]
 
 
+WatchOption = Annotated[float, typer.Option(min=0.1, help="Seconds between refreshes.")]
+
+
 @app.command()
 def status(
     job: JobArg,
     db: DbOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+    watch: Annotated[bool, typer.Option("--watch", help="Follow the job live: `farm top JOB`.")] = False,
+    interval: WatchOption = 2.0,
 ) -> None:
-    """A job's state, its tasks' trial counts by status, best latency and rounds."""
+    """A job's state, its tasks' trial counts by status, best latency and rounds, and its pace:
+    throughput (trials stored since a scheduler claimed the job, over the seconds since), the
+    rate of the last 60 s, the ETA (trials left of the budget over that rate), and each device's
+    busy share (its time inside timed kernel runs over the job's wall time)."""
+    from farm.report import pace, rounds_summary, utilisation
+
     store = _open_store(db, must_exist=True)
+    if watch:
+        from farm.top import run
+
+        run(store, out, [job], interval=interval)
+        return
     doc = store.job(job)
     if doc is None:
         raise FarmError(f"no job {job} in this database")
     for task in doc["tasks"]:
         task["rounds"] = store.rounds(task["id"])
+    job_pace = pace(store, doc)
     if as_json:
+        doc["pace"] = {"throughput": job_pace.throughput, "recent_rate": job_pace.recent_rate,
+                       "recent_seconds": job_pace.recent_seconds, "eta_seconds": job_pace.eta_seconds}
+        doc["busy_share"] = utilisation(store, job).busy_share
         out.print_json(json.dumps(doc, default=str))
         return
     out.print(f"job {doc['id']} [{doc['status']}] {doc['name']}: {doc['trials']}/{doc['trials_budget']} trials, "
@@ -277,17 +296,34 @@ def status(
     if doc.get("error"):
         out.print(f"  error: {doc['error']}")
     for task in doc["tasks"]:
-        best = "-" if task["best_latency"] is None else f"{task['best_latency'] * 1e6:.2f} µs"
         counts = ", ".join(f"{k} {v}" for k, v in sorted(task["counts"].items())) or "no trials yet"
         out.print(f"  task {task['id']} {task['workload']['name']} {task['workload']['params']}: "
-                  f"{task['trials']}/{task['budget']} trials ({counts}), best {best}, "
+                  f"{task['trials']}/{task['budget']} trials ({counts}), best {format_latency(task['best_latency'])}, "
                   f"{len(task['rounds'])} rounds")
-    from farm.report import rounds_summary, utilisation
-
+    out.print(f"  {job_pace.summary()}", markup=False, highlight=False)
     if doc["trials"]:
         out.print(f"  {utilisation(store, job).summary()}", markup=False, highlight=False)
     if any(task["rounds"] for task in doc["tasks"]):
         out.print(rounds_summary(store, job), markup=False, highlight=False)
+
+
+@app.command()
+def top(
+    jobs: Annotated[list[int] | None, typer.Argument(
+        metavar="JOB", help="Job ids to watch (default: the newest jobs).")] = None,
+    db: DbOption = None,
+    once: Annotated[bool, typer.Option("--once", help="Print the tables once and exit.")] = False,
+    interval: WatchOption = 2.0,
+    limit: Annotated[int, typer.Option(min=1, help="Without job ids: how many of the newest jobs.")] = 10,
+) -> None:
+    """Live tables of the farm, from its database alone, refreshed in place until Ctrl-C (away
+    from a terminal: printed every INTERVAL seconds). Jobs: state, trials of the budget, trials/s
+    in the last 60 s and since the job was claimed, best latency per task, ETA (trials left of the
+    budget over the last 60 s's trials/s). Workers of the running (or given) jobs: trials and
+    their statuses in the last 60 s, and how long ago each stored its newest trial."""
+    from farm.top import run
+
+    run(_open_store(db, must_exist=True), out, jobs or [], limit=limit, interval=interval, once=once)
 
 
 @app.command()

@@ -13,6 +13,12 @@ compiled). A device's busy share is its time inside timed kernel runs (TVM's tim
 calls, the screening probe included) over the job's wall time, from the moment a scheduler
 claimed it to its end: start-up, compilation the device waits for, uploads, checks and the
 scheduler's rounds all count against it.
+
+A job's pace (`farm status`, `farm top`): its throughput, trials per second over the job so far
+(the trials stored since a scheduler claimed it, over the seconds since then); its recent rate,
+the trials stored in the last RECENT_SECONDS over those seconds; and its ETA, the trials left
+of its budget over the recent rate, so that the ETA follows what the farm does now rather than
+a start-up that was slower than the rest.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from __future__ import annotations
 import textwrap
 import time
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +34,7 @@ import numpy as np
 
 from db.store import ResultStore
 from farm.core.errors import FarmError, require_folder_of
+from farm.progress import format_seconds
 
 
 @dataclass
@@ -143,13 +151,18 @@ def rounds_summary(store: ResultStore, job_id: int) -> str:
 @dataclass
 class Utilisation:
     """Where a job's wall time went: `wall_seconds` from its claim to its end (or now),
-    `busy_seconds` inside timed kernel runs per worker, `first_trial_seconds` from its claim
-    to its first stored trial, and every built candidate's build seconds."""
+    `busy_seconds` inside timed kernel runs per worker, `measuring_seconds` per worker with a
+    candidate on its device (upload, load, check and timed runs: the rest of the wall time the
+    device waited for work), `first_trial_seconds` from its claim to its first stored trial,
+    every built candidate's build seconds, and every measured candidate's `overhead_seconds`
+    (its time on the device outside its timed runs)."""
 
     wall_seconds: float
     busy_seconds: dict[str, float]
     first_trial_seconds: float | None
     build_seconds: list[float]
+    measuring_seconds: dict[str, float]
+    overhead_seconds: list[float]
 
     @property
     def busy_share(self) -> dict[str, float]:
@@ -165,23 +178,142 @@ class Utilisation:
                f"builds {build}"
 
 
+def _claimed_span(job: dict[str, Any], now: float) -> tuple[float | None, float]:
+    """Unix times of the job's claim (None before one) and of its end, or `now` while it has none."""
+    start = job["started_at"].timestamp() if job["started_at"] else None
+    end = job["finished_at"].timestamp() if job["finished_at"] else now
+    return start, end
+
+
 def utilisation(store: ResultStore, job_id: int) -> Utilisation:
     """The job's Utilisation (see the module docstring). FarmError for an unknown job."""
     job = _job(store, job_id)
     trials = store.trials(job_id=job_id)
-    start = job["started_at"].timestamp() if job["started_at"] else None
-    end = job["finished_at"].timestamp() if job["finished_at"] else time.time()
+    start, end = _claimed_span(job, time.time())
     busy: dict[str, float] = {}
-    builds = []
+    measuring: dict[str, float] = {}
+    builds, overheads = [], []
     for worker, timeline in zip(trials["worker"], trials["timeline"], strict=True):
         timeline = timeline or {}
-        busy[worker] = busy.get(worker, 0.0) + sum(b - a for a, b in timeline.get("timed", []))
+        timed = sum(b - a for a, b in timeline.get("timed", []))
+        busy[worker] = busy.get(worker, 0.0) + timed
         if "build" in timeline:
             builds.append(timeline["build"][1] - timeline["build"][0])
+        if "measure" in timeline:
+            span = timeline["measure"][1] - timeline["measure"][0]
+            measuring[worker] = measuring.get(worker, 0.0) + span
+            if timed:
+                overheads.append(span - timed)
     first = None
     if start is not None and len(trials):
         first = trials["created_at"].min().timestamp() - start
-    return Utilisation(end - start if start is not None else 0.0, busy, first, builds)
+    return Utilisation(end - start if start is not None else 0.0, busy, first, builds, measuring, overheads)
+
+
+RECENT_SECONDS = 60.0
+
+
+@dataclass
+class Pace:
+    """How fast a job measures (see the module docstring). Of its `trials` (of `budget`),
+    `since_claim` were stored in the `wall_seconds` from its claim to its end (or now), and
+    `recent` in the last `recent_seconds` of those (RECENT_SECONDS, fewer for a younger claim).
+    A job not claimed, or queued again, has no pace yet: every figure 0."""
+
+    state: str
+    trials: int
+    budget: int
+    wall_seconds: float
+    since_claim: int
+    recent: int
+    recent_seconds: float
+
+    @property
+    def throughput(self) -> float | None:
+        """Trials per second over the job so far; None before a claim."""
+        return self.since_claim / self.wall_seconds if self.wall_seconds > 0 else None
+
+    @property
+    def recent_rate(self) -> float | None:
+        """Trials per second over the last `recent_seconds`; None before a claim."""
+        return self.recent / self.recent_seconds if self.recent_seconds > 0 else None
+
+    @property
+    def eta_seconds(self) -> float | None:
+        """Seconds to the budget: the trials left over `recent_rate` while the job runs, 0 once it
+        is done; None when it cannot be said (queued, failed, cancelled, or no trial stored in the
+        recent window)."""
+        if self.state == "done":
+            return 0.0
+        if self.state != "running" or not self.recent_rate:
+            return None
+        return max(self.budget - self.trials, 0) / self.recent_rate
+
+    def eta(self) -> str:
+        """The ETA for people: a duration while the job runs; `-` when it cannot be said, or the
+        job is not running."""
+        eta = self.eta_seconds
+        return "-" if eta is None or self.state != "running" else format_seconds(eta)
+
+    def summary(self) -> str:
+        """One line: throughput over the job so far, the recent rate and, while it runs, the ETA."""
+        if self.throughput is None or self.recent_rate is None:
+            return "not started: no throughput or ETA yet"
+        line = (f"throughput {self.throughput:.2f} trials/s over {format_seconds(self.wall_seconds)}; "
+                f"{self.recent_rate:.2f} trials/s in its {'last' if self.state == 'running' else 'final'} "
+                f"{format_seconds(self.recent_seconds)}")
+        if self.state == "running":
+            line += f"; ETA {self.eta()} ({max(self.budget - self.trials, 0)} trials left at that rate)"
+        return line
+
+
+def pace(store: ResultStore, job: dict[str, Any], now: float | None = None) -> Pace:
+    """The Pace of `job` (a ResultStore.job document) at Unix time `now` (default: now)."""
+    start, end = _claimed_span(job, time.time() if now is None else now)
+    if start is None or job["status"] == "queued":
+        return Pace(job["status"], job["trials"], job["trials_budget"], 0.0, 0, 0, 0.0)
+    window = min(RECENT_SECONDS, end - start)
+
+    def stored_since(t: float) -> int:
+        return sum(row["trials"] for row in store.trial_activity(datetime.fromtimestamp(t, UTC), [job["id"]]))
+
+    return Pace(job["status"], job["trials"], job["trials_budget"], end - start, stored_since(start),
+                stored_since(end - window), window)
+
+
+@dataclass
+class WorkerActivity:
+    """What one worker measured for some jobs: for `jobs`, `recent` trials per status in the last
+    RECENT_SECONDS, and `last_at`, the Unix time its newest trial was stored."""
+
+    name: str
+    jobs: list[int]
+    recent: dict[str, int]
+    last_at: float
+
+
+def worker_activity(store: ResultStore, jobs: list[dict[str, Any]], now: float | None = None) -> list[WorkerActivity]:
+    """Per worker name, by name, its activity (WorkerActivity) on the claimed ones of `jobs`
+    (ResultStore.job documents) since their claims, at Unix time `now` (default: now)."""
+    now = time.time() if now is None else now
+    claimed = [j for j in jobs if j["started_at"] is not None]
+    if not claimed:
+        return []
+    ids = [j["id"] for j in claimed]
+    found: dict[str, WorkerActivity] = {}
+
+    def of(name: str) -> WorkerActivity:
+        return found.setdefault(name, WorkerActivity(name, [], {}, 0.0))
+
+    for row in store.trial_activity(min(j["started_at"] for j in claimed), ids):
+        worker = of(row["worker"])
+        if row["job_id"] not in worker.jobs:
+            worker.jobs.append(row["job_id"])
+        worker.last_at = max(worker.last_at, row["last_at"].timestamp())
+    for row in store.trial_activity(datetime.fromtimestamp(now - RECENT_SECONDS, UTC), ids):
+        recent = of(row["worker"]).recent
+        recent[row["status"]] = recent.get(row["status"], 0) + row["trials"]
+    return sorted(found.values(), key=lambda w: w.name)
 
 
 def plot_timeline(store: ResultStore, job_id: int, output: str | Path) -> Path:

@@ -4,23 +4,29 @@ No Grafana server runs here, so docs/observability.md shows the dashboards this 
 panel's queries (deploy/grafana/dashboards/*.json, variables substituted as Grafana would) are
 run with `query_range` against a real Prometheus and drawn, heatmaps as heatmaps, tables left out.
 
-    .venv/bin/python scripts/render_dashboards.py                # a synthetic farm (tests/prom.py), 120 s
+    .venv/bin/python scripts/render_dashboards.py --run-job      # a real job here (docs/observability/)
     .venv/bin/python scripts/render_dashboards.py --prometheus http://127.0.0.1:9090 --job 12 --since 3600
+    .venv/bin/python scripts/render_dashboards.py                # a synthetic farm (tests/prom.py), 120 s
 
-Without `--prometheus` it starts the synthetic farm and a Prometheus scraping it, and draws
-`--since` seconds after a minute of warm-up (the rate window); with it, it reads that
-Prometheus's last `--since` seconds of job `--job`.
+`--run-job` starts a real farm on this machine (tests/prom.py `real_farm`: a `farm scheduler` and
+two llvm worker actors, SQLite in a temporary folder) and a Prometheus scraping its three
+processes every second, runs one job of `--trials` trials of a 64x64x64 matmul on both workers,
+and draws the job's whole run. `--prometheus` reads that Prometheus's last `--since` seconds of
+job `--job`. With neither it starts the synthetic farm and a Prometheus scraping it, and draws
+`--since` seconds after a minute of warm-up (the rate window).
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
 import re
 import sys
 import tempfile
 import time
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +38,11 @@ import matplotlib.pyplot as plt
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from tests.prom import (  # noqa: E402
+    REAL_KERNEL,
     Prometheus,
     load_dashboards,
     panels,
+    real_farm,
     running_prometheus,
     substitute,
     synthetic_farm,
@@ -141,14 +149,41 @@ def render(prometheus: Prometheus, variables: Mapping[str, str], start: float, e
     return written
 
 
+def render_real_job(trials: int, out: Path) -> list[Path]:
+    """Run a real job of `trials` trials on a real farm scraped by a real Prometheus (see the
+    module docstring), showing its progress on stderr; draw its run into `out`."""
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        (workdir / "farm").mkdir()
+        (workdir / "prometheus").mkdir()
+        with real_farm(workdir / "farm") as farm, \
+                running_prometheus(farm.targets, workdir / "prometheus") as prometheus:
+            start = time.time()
+            job = farm.submit(trials)
+            if job.wait(progress=True) != "done":
+                raise RuntimeError(f"job {job.id} did not finish: {job.status()['status']}")
+            end = time.time()
+            time.sleep(3)  # the job's last scrapes
+            (name, params), = REAL_KERNEL
+            kernel = f"{name} " + "x".join(str(v) for v in params.values())
+            note = (f"real job: {trials} trials of {kernel} on {farm.workers} llvm workers, "
+                    f"{datetime.now(UTC):%Y-%m-%d}, {os.cpu_count()}-core CPU")
+            return render(prometheus, {"job": str(job.id)}, start, end, out, note)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--prometheus", help="URL of a Prometheus with a real farm's data (default: synthetic)")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--run-job", action="store_true", help="run a real job on a real farm here and draw it")
+    source.add_argument("--prometheus", help="URL of a Prometheus with a real farm's data (default: synthetic)")
+    parser.add_argument("--trials", type=int, default=1500, help="with --run-job: the job's trials")
     parser.add_argument("--job", help="with --prometheus: the job id for the Job dashboard's $job")
     parser.add_argument("--since", type=float, default=120.0, help="seconds of data to draw")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "observability")
     args = parser.parse_args()
-    if args.prometheus:
+    if args.run_job:
+        paths = render_real_job(args.trials, args.out)
+    elif args.prometheus:
         if args.job is None:
             parser.error("--prometheus needs --job")
         end = time.time()

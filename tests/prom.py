@@ -10,17 +10,23 @@ a synthetic farm to feed them.
 - `synthetic_farm()`: serves this process's farm metrics (farm.core.metrics) while a thread
   drives every helper with plausible values of a 2-worker llvm job; yields a `FarmMetrics`
   (scrape targets and job id), the shape a real job's fixture yields too.
+- `real_farm(workdir)`: a real `farm scheduler` process and its two llvm worker actors, up and
+  serving their metrics; yields a `RealFarm` (a client, the scrape targets) to run jobs on.
+- `scrape(address)`, `farm_families(text)`, `promtool(...)`: a process's exposition, the farm's
+  own metric families of it, Prometheus's checker.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import re
 import shutil
 import socket
 import subprocess
+import sys
 import threading
 import time
 import urllib.parse
@@ -29,7 +35,12 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from tests.processes import stop
+
+if TYPE_CHECKING:
+    from farm.client import Client, Job
 
 ROOT = Path(__file__).resolve().parents[1]
 DASHBOARDS = ROOT / "deploy" / "grafana" / "dashboards"
@@ -267,7 +278,7 @@ class SyntheticFarm:
         status = rng.choices([s for s, _ in _STATUSES], [w for _, w in _STATUSES])[0]
         reached_device = status not in ("invalid", "build_error")
         # Per worker 10 trials/s: timed runs of ~20 ms keep each device about 20% busy.
-        metrics.observe_trial(status, "llvm", rng.lognormvariate(-0.7, 0.5),
+        metrics.observe_trial(worker, status, "llvm", rng.lognormvariate(-0.7, 0.5),
                               upload_s=rng.lognormvariate(-5, 0.3) if reached_device else None,
                               run_s=rng.lognormvariate(-4, 0.5) if reached_device else None,
                               check_s=rng.lognormvariate(-4.5, 0.4) if reached_device else None)
@@ -314,3 +325,85 @@ def synthetic_farm(trials_per_second: float = 20.0) -> Iterator[FarmMetrics]:
         yield FarmMetrics({"farm": [f"127.0.0.1:{port}"]}, SYNTHETIC_JOB_ID)
     finally:
         farm.stop()
+
+
+# --- a real farm ---------------------------------------------------------------------------
+
+REAL_KERNEL = [("matmul", {"M": 64, "N": 64, "K": 64})]
+
+
+@dataclass
+class RealFarm:
+    """A running `farm scheduler` with its llvm worker actors up (see `real_farm`): a client of
+    its database, the scrape targets of its processes ({"scheduler": [address], "worker": [one
+    per actor]}), and its log."""
+
+    client: Client
+    targets: dict[str, list[str]]
+    workers: int
+    log: Path
+
+    def submit(self, trials: int, seed: int = 1, batch_size: int = 4) -> Job:
+        """Queue a job of `trials` trials of REAL_KERNEL on every worker actor."""
+        return self.client.submit(REAL_KERNEL, "llvm", trials, workers=self.workers, batch_size=batch_size,
+                                  seed=seed)
+
+
+@contextmanager
+def real_farm(workdir: Path, workers: int = 2) -> Iterator[RealFarm]:
+    """A real farm on this machine: `farm scheduler` in a process (and session) of its own, its
+    SQLite database, log and RPC logs in `workdir`, serving its metrics on a free port, and
+    `workers` llvm worker actors, brought up by a first job of 4 trials, serving theirs (their
+    addresses read from the file_sd folder the scheduler writes, FARM_PROMETHEUS_TARGETS).
+
+    On exit the scheduler is stopped as with Ctrl-C, which closes its actors and tracker.
+    RuntimeError with the log's tail when the first job does not end `done` within 5 minutes.
+    """
+    from farm.client import Client
+
+    db = f"sqlite:///{workdir}/farm.db"
+    targets_dir = workdir / "targets"
+    targets_dir.mkdir()
+    metrics_port = free_port()
+    env = {**os.environ, "FARM_WORKER_METRICS_PORT": str(free_port()), "FARM_PROMETHEUS_TARGETS": str(targets_dir)}
+    log = workdir / "scheduler.log"
+    with log.open("wb") as out:
+        service = subprocess.Popen([sys.executable, "-m", "farm", "scheduler", "--db", db, "--metrics-port",
+                                    str(metrics_port), "--log-dir", str(workdir / "logs")],
+                                   env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        with Client(db, in_process=False) as client:
+            first = client.submit(REAL_KERNEL, "llvm", 4, workers=workers, batch_size=2, search="random")
+            if first.wait(progress=False, timeout=300) != "done":
+                raise RuntimeError(f"the farm's first job did not finish:\n{log.read_text()[-3000:]}")
+            addresses = [t for path in targets_dir.glob("*.json") for group in json.loads(path.read_text())
+                         for t in group["targets"]]
+            yield RealFarm(client, {"scheduler": [f"127.0.0.1:{metrics_port}"], "worker": addresses}, workers, log)
+    finally:
+        stop(service, timeout=60)
+
+
+def scrape(address: str) -> str:
+    """The exposition a process serves at http://`address`/metrics."""
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as response:
+        return str(response.read().decode())
+
+
+def farm_families(exposition: str) -> str:
+    """The farm's own metric families (`farm_*`) of a text exposition, their HELP and TYPE lines
+    with them: what a process serves beside them (Python's, Ray's) is not the farm's to lint."""
+    def name(line: str) -> str:
+        words = line.split()
+        if line.startswith("#"):  # "# HELP name ...", "# TYPE name type"
+            return words[2] if len(words) > 2 else ""
+        return re.split(r"[{\s]", line, maxsplit=1)[0]
+
+    return "".join(f"{line}\n" for line in exposition.splitlines() if name(line).startswith("farm_"))
+
+
+def promtool(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    """Run `promtool` (Debian's prometheus package; scripts/test.sh installs it) with `args`."""
+    binary = shutil.which("promtool")
+    # Not a skip: a skipped check would hide a missing install.
+    assert binary is not None, "no promtool: run scripts/test.sh, or apt-get install prometheus"
+    return subprocess.run([binary, *args], input=stdin, capture_output=True, text=True, timeout=60)

@@ -1,11 +1,11 @@
-"""The dashboards against a real farm: a real Prometheus scrapes a `farm scheduler` service and its
-two worker actors while they run a real llvm job; afterwards every query of every dashboard panel
-(Grafana variables substituted) returns data for the time the job ran."""
+"""The metrics of a real farm: a real Prometheus scrapes a `farm scheduler` service and its two
+worker actors while they run a real llvm job. Meanwhile each process's own exposition (its `farm_`
+families: Ray's and Python's are not the farm's to lint) passes `promtool check metrics`;
+afterwards every query of every dashboard panel (Grafana variables substituted) returns data
+for the time the job ran, and scripts/render_dashboards.py draws the three dashboards from it."""
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
 import sys
 import time
@@ -13,54 +13,65 @@ from pathlib import Path
 
 import pytest
 
-from farm.client import Client
-from tests.processes import stop
-from tests.prom import dashboard_queries, free_port, has_finite_value, running_prometheus, wait_for
+from tests.prom import (
+    ROOT,
+    dashboard_queries,
+    farm_families,
+    has_finite_value,
+    promtool,
+    real_farm,
+    running_prometheus,
+    scrape,
+    wait_for,
+)
 
 pytestmark = pytest.mark.slow
-KERNEL = [("matmul", {"M": 64, "N": 64, "K": 64})]
 
 
-def test_every_panel_query_returns_data_for_a_real_job(tmp_path: Path) -> None:
-    db = f"sqlite:///{tmp_path}/farm.db"
-    targets_dir = tmp_path / "targets"
-    targets_dir.mkdir()
+def test_a_real_jobs_metrics_pass_promtool_and_fill_every_panel(tmp_path: Path) -> None:
     (tmp_path / "prometheus").mkdir()
-    metrics_port = free_port()
-    env = {**os.environ, "FARM_WORKER_METRICS_PORT": str(free_port()), "FARM_PROMETHEUS_TARGETS": str(targets_dir)}
-    log = (tmp_path / "scheduler.log").open("wb")
-    service = subprocess.Popen([sys.executable, "-m", "farm", "scheduler", "--db", db, "--metrics-port",
-                                str(metrics_port), "--log-dir", str(tmp_path / "logs")],
-                               env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        with Client(db, in_process=False) as client:
-            # A first job brings the two worker actors (and their /metrics) up.
-            first = client.submit(KERNEL, "llvm", 4, workers=2, batch_size=2, search="random")
-            assert first.wait(progress=False, timeout=300) == "done", (tmp_path / "scheduler.log").read_text()[-3000:]
-            workers = [t for doc in (json.loads(p.read_text()) for p in targets_dir.glob("*.json"))
-                       for group in doc for t in group["targets"]]
-            assert len(workers) == 2
-            targets = {"scheduler": [f"127.0.0.1:{metrics_port}"], "worker": workers}
-            with running_prometheus(targets, tmp_path / "prometheus") as prometheus:
-                start = time.time()
-                job = client.submit(KERNEL, "llvm", 48, workers=2, batch_size=4, seed=1)
-                assert job.wait(progress=False, timeout=600) == "done"
-                end = time.time()
-                time.sleep(3)  # the last scrapes of the job
-                queries = dashboard_queries({"job": str(job.id)})
-                assert len(queries) >= 20
-                # Series of a running job are removed when it ends: instant panels are read as of
-                # shortly before its end, range panels over the job's whole run.
-                at = end - 3
+    (tmp_path / "farm").mkdir()
+    with real_farm(tmp_path / "farm") as farm, running_prometheus(farm.targets, tmp_path / "prometheus") as prometheus:
+        assert len(farm.targets["worker"]) == 2
+        start = time.time()
+        job = farm.submit(48)
+        # The scheduler serves a running job's series only while it runs: read each process's
+        # exposition once the scheduler shows the job's progress.
+        scheduler = farm.targets["scheduler"][0]
+        wait_for(lambda: "farm_task_trials_done{" in scrape(scheduler), 300, "the running job's series", 0.1)
+        expositions = {address: farm_families(scrape(address))
+                       for addresses in farm.targets.values() for address in addresses}
+        assert job.wait(progress=False, timeout=600) == "done"
+        end = time.time()
+        time.sleep(3)  # the last scrapes of the job
+        for address, text in expositions.items():
+            result = promtool("check", "metrics", stdin=text)
+            assert result.returncode == 0 and not (result.stdout + result.stderr).strip(), (
+                f"{address}: {result.stdout}{result.stderr}")
+        assert "farm_task_trials_done{" in expositions[scheduler]
+        assert all("farm_trials_total{" in expositions[w] and "farm_worker_up{" in expositions[w]
+                   for w in farm.targets["worker"])
 
-                def empty() -> list[str]:
-                    return [q.name for q in queries if not has_finite_value(
-                        prometheus.query(q.expr, at=at) if q.instant else
-                        prometheus.query_range(q.expr, start, end, 1))]
+        queries = dashboard_queries({"job": str(job.id)})
+        assert len(queries) >= 20
+        # Series of a running job are removed when it ends: instant panels are read as of
+        # shortly before its end, range panels over the job's whole run.
+        at = end - 3
 
-                try:
-                    wait_for(lambda: not empty(), 30, "every panel query returning data")
-                except TimeoutError:
-                    pytest.fail(f"panel queries without data: {empty()}")
-    finally:
-        stop(service, timeout=60)
+        def empty() -> list[str]:
+            return [q.name for q in queries if not has_finite_value(
+                prometheus.query(q.expr, at=at) if q.instant else
+                prometheus.query_range(q.expr, start, end, 1))]
+
+        try:
+            wait_for(lambda: not empty(), 30, "every panel query returning data")
+        except TimeoutError:
+            pytest.fail(f"panel queries without data: {empty()}")
+
+        render = subprocess.run([sys.executable, str(ROOT / "scripts" / "render_dashboards.py"), "--prometheus",
+                                 prometheus.url, "--job", str(job.id), "--since", f"{time.time() - start:.0f}",
+                                 "--out", str(tmp_path / "png")], capture_output=True, text=True, timeout=300)
+        assert render.returncode == 0, render.stderr
+        pngs = sorted(p.name for p in (tmp_path / "png").iterdir())
+        assert pngs == ["farm-job.png", "farm-overview.png", "farm-workers.png"]
+        assert all((tmp_path / "png" / name).read_bytes()[:4] == b"\x89PNG" for name in pngs)

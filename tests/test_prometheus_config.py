@@ -6,26 +6,15 @@ from __future__ import annotations
 
 import inspect
 import re
-import shutil
-import subprocess
-import urllib.request
 from collections.abc import Callable
 
 import pytest
 from prometheus_client import REGISTRY, generate_latest
 
 from farm.core import metrics
-from tests.prom import ROOT
+from tests.prom import ROOT, promtool, scrape
 
 PROMETHEUS_DIR = ROOT / "deploy" / "prometheus"
-PROMTOOL = shutil.which("promtool")
-
-
-def promtool(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[str]:
-    # Not a skip: scripts/test.sh installs it, and a skipped check would hide a missing install.
-    assert PROMTOOL is not None, "no promtool: run scripts/test.sh, or apt-get install prometheus"
-    return subprocess.run([PROMTOOL, *args], input=stdin.decode() if stdin is not None else None,
-                          capture_output=True, text=True, timeout=60)
 
 
 @pytest.mark.parametrize("config", ["prometheus.yml", "local.yml"])
@@ -55,8 +44,8 @@ def _exercise_every_helper() -> set[str]:
             pass
 
     calls: dict[str, Callable[[], object]] = {
-        "observe_trial": lambda: (metrics.observe_trial("ok", "llvm", 0.4, 0.004, 0.05, 0.01),
-                                  metrics.observe_trial("build_error", "cuda", 2.0)),
+        "observe_trial": lambda: (metrics.observe_trial("llvm-worker-0", "ok", "llvm", 0.4, 0.004, 0.05, 0.01),
+                                  metrics.observe_trial("llvm-worker-0", "build_error", "cuda", 2.0)),
         "set_worker_up": lambda: metrics.set_worker_up("llvm-worker-0", "farm-llvm-host-llvm-worker-0", True),
         "start_worker": lambda: metrics.start_worker("llvm-worker-1", "farm-llvm-host-llvm-worker-1", "llvm"),
         "rpc_session_restart": lambda: metrics.rpc_session_restart("llvm-worker-0", "timeout"),
@@ -89,7 +78,7 @@ def test_the_exposition_passes_promtool_check_metrics() -> None:
     for name in ("farm_trials_total", "farm_build_seconds_bucket", "farm_db_write_failures_total",
                  "farm_task_best_flops", "farm_scheduler_heartbeat_timestamp_seconds"):
         assert name.encode() in text
-    result = promtool("check", "metrics", stdin=text)
+    result = promtool("check", "metrics", stdin=text.decode())
     assert result.returncode == 0 and not result.stdout.strip() and not result.stderr.strip(), (
         result.stdout + result.stderr)
 
@@ -127,8 +116,7 @@ def test_bad_label_values_are_refused() -> None:
 
 def test_serve_binds_a_free_port_and_answers(monkeypatch: pytest.MonkeyPatch) -> None:
     port = metrics.serve(0)
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-        assert b"# TYPE farm_trials_total counter" in response.read()
+    assert "# TYPE farm_trials_total counter" in scrape(f"127.0.0.1:{port}")
     monkeypatch.setenv("FARM_WORKER_METRICS_PORT", "9200")
     monkeypatch.delenv("FARM_SCHEDULER_METRICS_PORT", raising=False)
     assert (metrics.worker_port(2), metrics.scheduler_port()) == (9202, 9100)

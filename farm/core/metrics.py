@@ -70,8 +70,11 @@ UPLOAD_SECONDS = Histogram(
     "farm_upload_seconds", "Uploading one built candidate to its device and loading it (runner phases "
     "upload and load). Worker.", ["target"], buckets=_FAST_BUCKETS)
 RUN_SECONDS = Histogram(
-    "farm_run_seconds", "Timed kernel runs of one candidate (runner phases probe and evaluate); the rate "
-    "of its _sum is the device's busy share. Worker.", ["target"], buckets=_RUN_BUCKETS)
+    "farm_run_seconds", "Timed kernel runs of one candidate (runner phases probe and evaluate). Worker.",
+    ["target"], buckets=_RUN_BUCKETS)
+DEVICE_BUSY = Counter(
+    "farm_device_busy_seconds", "Seconds the worker's device spent inside timed kernel runs; its rate is "
+    "the device's busy share, as bench/e2e_throughput.py and farm status define it. Worker.", ["worker"])
 CHECK_SECONDS = Histogram(
     "farm_check_seconds", "Running one candidate once and comparing its output with the reference "
     "(runner phase check). Worker.", ["target"], buckets=_FAST_BUCKETS)
@@ -153,18 +156,21 @@ def worker_port(local_gpu: int = 0) -> int:
     return int(os.environ.get("FARM_WORKER_METRICS_PORT", WORKER_PORT)) + local_gpu
 
 
-def observe_trial(status: str, target: str, build_s: float, upload_s: float | None = None,
+def observe_trial(worker: str, status: str, target: str, build_s: float, upload_s: float | None = None,
                   run_s: float | None = None, check_s: float | None = None) -> None:
     """Count one trial and observe its step durations in seconds (a step it never reached: None).
 
-    Worker, once per MeasureResult: `status` its status value, `target` the task's target kind.
-    A candidate rejected before compiling still counts its (short) build step.
+    Worker `worker`, once per MeasureResult: `status` its status value, `target` the task's target
+    kind; `run_s` (its timed runs) also adds to the worker's busy seconds. A candidate rejected
+    before compiling still counts its (short) build step.
     """
     TRIALS.labels(status, target).inc()
     BUILD_SECONDS.labels(target).observe(build_s)
     for histogram, seconds in ((UPLOAD_SECONDS, upload_s), (RUN_SECONDS, run_s), (CHECK_SECONDS, check_s)):
         if seconds is not None:
             histogram.labels(target).observe(seconds)
+    if run_s is not None:
+        DEVICE_BUSY.labels(worker).inc(run_s)
 
 
 def start_worker(worker: str, device: str, target: str) -> None:
@@ -179,6 +185,7 @@ def start_worker(worker: str, device: str, target: str) -> None:
     for reason in RESTART_REASONS:
         RPC_RESTARTS.labels(worker, reason)
     BUILD_BACKLOG.labels(worker)
+    DEVICE_BUSY.labels(worker)
 
 
 def set_worker_up(worker: str, device: str, up: bool) -> None:
