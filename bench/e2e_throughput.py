@@ -12,6 +12,8 @@ from its start to its exit. From the job's trials (their timelines, farm.report.
 - busy share per GPU: seconds inside timed kernel runs (TVM time_evaluator calls) over the
   job's wall time (claim to end) and over the process's;
 - build seconds per candidate (mean, p95);
+- the share of the job each GPU held a candidate (upload, load, check, timed runs; the rest it
+  waited for work), and each candidate's time on the device outside its timed runs (median, p95);
 - a timeline PNG per run (farm report --timeline).
 
 Printed: one line per run, then medians over seeds (with min and max) per GPU count, and the
@@ -50,12 +52,16 @@ def run_once(args: argparse.Namespace, gpus: int, seed: int) -> dict[str, Any]:
     first = trials["created_at"].min().timestamp() - started
     plot_timeline(store, job["id"], args.out / f"timeline-{name}.png")
     busy = use.busy_seconds
+    overhead = sorted(use.overhead_seconds) or [float("nan")]
     return {"gpus": gpus, "seed": seed, "wall_s": wall, "trials": len(trials), "trials_per_s": len(trials) / wall,
             "first_trial_s": first, "job_wall_s": use.wall_seconds,
             "busy_share_job": use.busy_share, "busy_share_process": {w: b / wall for w, b in busy.items()},
             "build_mean_s": statistics.mean(use.build_seconds) if use.build_seconds else None,
             "build_p95_s": sorted(use.build_seconds)[int(0.95 * (len(use.build_seconds) - 1))]
             if use.build_seconds else None,
+            "measuring_share_job": {w: m / use.wall_seconds for w, m in use.measuring_seconds.items()},
+            "overhead_median_ms": 1e3 * statistics.median(overhead),
+            "overhead_p95_ms": 1e3 * overhead[int(0.95 * (len(overhead) - 1))],
             "best_us": float(trials["latency"].min() * 1e6), "statuses": trials["status"].value_counts().to_dict()}
 
 
@@ -96,7 +102,7 @@ def main() -> None:
     add_workload_arguments(parser)
     parser.add_argument("--trials", type=int, default=500)
     parser.add_argument("--gpus", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--seeds", type=int, default=3, help="runs per GPU count (0: only --warm-submit)")
     parser.add_argument("--warm-submit", action="store_true")
     parser.add_argument("--out", type=Path, default=Path("/tmp/farm-e2e"))
     parser.add_argument("--json", type=Path)
@@ -111,14 +117,16 @@ def main() -> None:
             run = run_once(args, gpus, seed)
             figures["runs"].append(run)
             busy = ", ".join(f"{w} {s:.0%}" for w, s in sorted(run["busy_share_job"].items()))
+            measuring = ", ".join(f"{w} {s:.0%}" for w, s in sorted(run["measuring_share_job"].items()))
             print(f"{gpus} GPU(s) seed {seed}: {run['wall_s']:.1f} s, {run['trials_per_s']:.2f} trials/s, first trial "
                   f"{run['first_trial_s']:.1f} s, busy {busy} (of the job's {run['job_wall_s']:.0f} s), builds "
-                  f"{run['build_mean_s']:.2f} s mean / {run['build_p95_s']:.2f} s p95, best {run['best_us']:.2f} µs",
-                  flush=True)
+                  f"{run['build_mean_s']:.2f} s mean / {run['build_p95_s']:.2f} s p95, best {run['best_us']:.2f} µs; "
+                  f"device holding a candidate {measuring}; per candidate outside timed runs "
+                  f"{run['overhead_median_ms']:.0f} ms median / {run['overhead_p95_ms']:.0f} ms p95", flush=True)
             if args.json:  # after every run: a session cut short keeps what it finished
                 args.json.write_text(json.dumps(figures, indent=1, default=str))
     summary = {}
-    for gpus in args.gpus:
+    for gpus in args.gpus if args.seeds else []:
         runs = [r for r in figures["runs"] if r["gpus"] == gpus]
         busiest = [min(r["busy_share_job"].values()) for r in runs]
         summary[gpus] = {"wall_s": [r["wall_s"] for r in runs], "trials_per_s": [r["trials_per_s"] for r in runs],

@@ -12,8 +12,10 @@
 #               then matmul 1024^3 (2 x 96 vs 256) (bench/farm_search.py)
 #   retime      VSMS_DIR's two best kernels (an earlier vsms step) checked and timed again
 #   e2e         bench/e2e_throughput.py: E2E_TRIALS trials of resnet-last-conv on E2E_GPUS GPUs,
-#               E2E_SEEDS seeds, busy share, scaling, first trial, warm submit; timeline PNGs
-#   maxpool     64 trials of max pool 64x64x112x112 3x3 s2, timed as a whole, and its timeline
+#               E2E_SEEDS seeds, busy share, scaling, first trial; timeline PNGs
+#   warm        bench/e2e_throughput.py --warm-submit: farm submit to a running farm -> first trial
+#   maxpool     bench/e2e_throughput.py on max pool 64x64x112x112 3x3 s2: 64 trials, 1 GPU, E2E_SEEDS
+#               seeds, each timed as a whole, with its per-candidate overhead and timeline
 #   bash bench/gpu_session.sh OUTDIR [STEP ...]      (TRIALS=300, MS_TRIALS=128 by default)
 # OUTDIR/DONE appears when every step has ended (for a session run in the background and
 # collected by bench/gpu_collect.sh).
@@ -49,11 +51,12 @@ for s in $STEPS; do
                --seeds 2 --trials 96 --random-trials 256 --out "$OUT/fsearch-matmul" --json "$OUT/fsearch-matmul.json" ;;
     retime) step retime 300 python3 bench/vs_metaschedule.py --target cuda --out "${VSMS_DIR:?}" --retime ;;
     e2e) step e2e 3000 python3 bench/e2e_throughput.py --target cuda --trials "$E2E_TRIALS" --gpus $E2E_GPUS \
-             --seeds "$E2E_SEEDS" --warm-submit --out "$OUT/e2e" --json "$OUT/e2e.json" ;;
-    maxpool) step maxpool 300 python3 -m farm tune pool2d N=64 C=64 H=112 W=112 KH=3 KW=3 stride=2 pad=1 kind=max \
-               --target cuda --trials 64 --workers 1 --db "sqlite:///$OUT/maxpool.db" --log-dir "$OUT/logs-maxpool"
-             python3 -m farm status 1 --db "sqlite:///$OUT/maxpool.db"
-             python3 -m farm report 1 --timeline -o "$OUT/timeline-maxpool.png" --db "sqlite:///$OUT/maxpool.db" ;;
+             --seeds "$E2E_SEEDS" --out "$OUT/e2e" --json "$OUT/e2e.json" ;;
+    warm) step warm 600 python3 bench/e2e_throughput.py --target cuda --seeds 0 --warm-submit \
+             --out "$OUT/warm" --json "$OUT/warm.json" ;;
+    maxpool) step maxpool 900 python3 bench/e2e_throughput.py --target cuda --workload pool2d \
+               --params N=64 C=64 H=112 W=112 KH=3 KW=3 stride=2 pad=1 kind=max --trials 64 --gpus 1 \
+               --seeds "$E2E_SEEDS" --out "$OUT/maxpool" --json "$OUT/maxpool.json" ;;
     *) echo "unknown step $s" >&2 ;;
   esac
 done
