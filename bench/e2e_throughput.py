@@ -53,7 +53,9 @@ def run_once(args: argparse.Namespace, gpus: int, seed: int) -> dict[str, Any]:
     plot_timeline(store, job["id"], args.out / f"timeline-{name}.png")
     busy = use.busy_seconds
     overhead = sorted(use.overhead_seconds) or [float("nan")]
-    return {"gpus": gpus, "seed": seed, "wall_s": wall, "trials": len(trials), "trials_per_s": len(trials) / wall,
+    claimed = store.job(job["id"])["started_at"].timestamp()
+    return {"gpus": gpus, "seed": seed, "started_at": started, "claimed_after_s": claimed - started,
+            "wall_s": wall, "trials": len(trials), "trials_per_s": len(trials) / wall,
             "first_trial_s": first, "job_wall_s": use.wall_seconds,
             "busy_share_job": use.busy_share, "busy_share_process": {w: b / wall for w, b in busy.items()},
             "build_mean_s": statistics.mean(use.build_seconds) if use.build_seconds else None,
@@ -122,7 +124,8 @@ def main() -> None:
                   f"{run['first_trial_s']:.1f} s, busy {busy} (of the job's {run['job_wall_s']:.0f} s), builds "
                   f"{run['build_mean_s']:.2f} s mean / {run['build_p95_s']:.2f} s p95, best {run['best_us']:.2f} µs; "
                   f"device holding a candidate {measuring}; per candidate outside timed runs "
-                  f"{run['overhead_median_ms']:.0f} ms median / {run['overhead_p95_ms']:.0f} ms p95", flush=True)
+                  f"{run['overhead_median_ms']:.0f} ms median / {run['overhead_p95_ms']:.0f} ms p95; job claimed "
+                  f"{run['claimed_after_s']:.1f} s after start", flush=True)
             if args.json:  # after every run: a session cut short keeps what it finished
                 args.json.write_text(json.dumps(figures, indent=1, default=str))
     summary = {}

@@ -102,7 +102,8 @@ def tune(
     export: Annotated[Path | None, typer.Option(help="Write the best config (farm.best/1 JSON) here.")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the search.")] = 0,
     batch_size: Annotated[int, typer.Option(min=1, help="Candidates per worker per round.")] = 16,
-    log_dir: Annotated[Path | None, typer.Option(help="Keep the RPC tracker and servers' logs here.")] = None,
+    log_dir: Annotated[Path | None, typer.Option(
+        help="Keep the logs of the RPC tracker, servers and worker actors (start-up steps, sessions) here.")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log scheduler details.")] = False,
 ) -> None:
     """Tune one kernel end to end on this machine: starts an RPC tracker and servers, measures
@@ -204,7 +205,8 @@ def scheduler(
         help="Ray cluster to join, e.g. auto or HOST:6379 (default: start Ray on this machine).")] = None,
     poll: Annotated[float, typer.Option(help="Seconds between looks for queued jobs.")] = 1.0,
     once: Annotated[bool, typer.Option("--once", help="Exit when no job is queued.")] = False,
-    log_dir: Annotated[Path | None, typer.Option(help="Keep the tracker's and servers' logs here.")] = None,
+    log_dir: Annotated[Path | None, typer.Option(
+        help="Keep the logs of the tracker, servers and worker actors here.")] = None,
     metrics_port: Annotated[int | None, typer.Option(
         min=0, max=65535, help="Serve Prometheus metrics at http://HOST:PORT/metrics (default "
         "$FARM_SCHEDULER_METRICS_PORT, else 9100; 0: any free port). Worker actors serve theirs on "

@@ -152,17 +152,22 @@ class Client:
             self._scheduler = Scheduler(self.store, log_dir=self.log_dir, pool_factory=self.pool_factory)
         return self._scheduler.claim_and_run(job_id)
 
+    def _close_scheduler(self) -> None:
+        if self._scheduler is not None:
+            self._scheduler.close()
+
     def _raise_if_failed(self, job_id: int) -> None:
         future = self._running.get(job_id)
         if future is not None and future.done() and future.exception() is not None:
             raise future.exception()  # type: ignore[misc]
 
     def close(self) -> None:
-        """Wait for in-process jobs to end, stop what this client started, release the database."""
+        """Wait for in-process jobs to end, stop what this client started (its pools, tracker and
+        local Ray instance), release the database."""
         if self._runner is not None:
+            # After the jobs, in the thread that ran them: where their Ray driver started.
+            self._runner.submit(self._close_scheduler).result()
             self._runner.shutdown(wait=True)
-        if self._scheduler is not None:
-            self._scheduler.close()
         if "store" in self.__dict__:
             self.store.close()
 

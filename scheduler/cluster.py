@@ -30,8 +30,9 @@ SINGLE_MACHINE_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 LOOPBACK = "127.0.0.1"
 
 
-def init_ray(address: str | None = None) -> None:
-    """Connect to the Ray cluster at `address`, or start a local one (once per process).
+def init_ray(address: str | None = None) -> bool:
+    """Connect to the Ray cluster at `address`, or start a local one (once per process); True
+    when this call started a local instance (its starter stops it: `stop_ray`).
 
     A local instance listens on 127.0.0.1 only and requires Ray's token authentication (see the
     module docstring). On a machine without GPUs it gets one logical GPU resource per core, so
@@ -43,14 +44,14 @@ def init_ray(address: str | None = None) -> None:
 
         if not ray.is_initialized():
             ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
-        return
+        return False
     # Before Ray reads them: at import for the single-machine switch, at init for the auth mode.
     os.environ[SINGLE_MACHINE_ENV] = "0"
     os.environ[AUTH_MODE_ENV] = "token"
     import ray
 
     if ray.is_initialized():
-        return
+        return False
     # Ray may have been imported before these were set (by a test, or a library), and read them
     # then: its single-machine constant, and its cached config (which ray.init also refreshes this
     # way when it turns token authentication on by default).
@@ -68,3 +69,13 @@ def init_ray(address: str | None = None) -> None:
     # address="local": a new instance of our own, never a `ray start` cluster running on this machine.
     ray.init(address="local", _node_ip_address=LOOPBACK, num_gpus=gpus or os.cpu_count() or 1,
              include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False, configure_logging=False)
+    return True
+
+
+def stop_ray() -> None:
+    """Stop the local Ray instance `init_ray` started. Call it from the thread that started it:
+    there Ray's driver shuts down in about a second; from any other thread (Ray's own exit hook
+    in the main thread, when a client ran its jobs in a thread) it waits 5 s more (Ray 2.60)."""
+    import ray
+
+    ray.shutdown()

@@ -149,6 +149,11 @@ class SearchActor:
     """One shard's search strategy, in a process of its own (a Ray actor), for one task at a time."""
 
     def __init__(self) -> None:
+        """Imports TVM: a task's space needs it (its template's loop extents), and the actor is
+        created with the pool, so the import overlaps the worker actors' start instead of
+        delaying the first task's proposals."""
+        import tvm  # noqa: F401 - the import is the point
+
         self.strategy: SearchStrategy | None = None
         self.model_id: int | None = None
 

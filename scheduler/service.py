@@ -32,10 +32,11 @@ from db.store import ResultStore
 from farm.core import metrics
 from farm.core.backoff import Backoff
 from farm.core.errors import FarmError, one_line
-from scheduler.cluster import init_ray
+from scheduler.cluster import init_ray, stop_ray
 from scheduler.pool import PoolFactory, WorkerPool
 from scheduler.ray_pool import RayWorkerPool
 from scheduler.tuner import Progress, run_job
+from workers.builder import warm_nvcc
 from workers.device import LocalTracker
 
 log = logging.getLogger("farm.scheduler")
@@ -65,6 +66,7 @@ class Scheduler:
         self.ray_address, self.build_workers, self.log_dir = ray_address, build_workers, log_dir
         self.heartbeat_seconds, self.stale_seconds = heartbeat_seconds, stale_seconds
         self._tracker: LocalTracker | None = None
+        self._started_ray = False  # a local Ray instance this scheduler started, stopped by close()
         if tracker is None:
             # Not waited for: it listens long before the first RPC server registers with it.
             log_file = log_dir / "tracker.log" if log_dir else None
@@ -102,8 +104,11 @@ class Scheduler:
         # In the thread that runs the job: a Ray driver started in a thread that then ends
         # loses its cluster ("Failed to connect to GCS").
         start = time.monotonic()
+        if kind == "cuda" and self.ray_address is None:
+            # This machine builds the kernels: its CUDA toolchain comes off disk while Ray starts.
+            threading.Thread(target=_warm_nvcc, daemon=True, name="farm-nvcc-warm").start()
         log.info("starting Ray")
-        init_ray(self.ray_address)
+        self._started_ray = init_ray(self.ray_address) or self._started_ray
         log.info("Ray ready in %.1f s", time.monotonic() - start)
         log.info("starting %d %s worker actor(s): build processes, RPC servers", count, kind)
         pool = RayWorkerPool(self.tracker, kind, count, list(keys) or None, self.build_workers,
@@ -243,11 +248,15 @@ class Scheduler:
         self._stop.set()
 
     def close(self) -> None:
-        """Stop the pools and the tracker this scheduler started; a last try to record the jobs
-        that ended while the database was unavailable."""
+        """Stop the pools, the tracker and the local Ray instance this scheduler started; a last
+        try to record the jobs that ended while the database was unavailable. Called from the
+        thread that ran the jobs, Ray stops in a second rather than six (scheduler.cluster.stop_ray)."""
         for pool in self._pools.values():
             pool.close()
         self._pools.clear()
+        if self._started_ray:
+            stop_ray()
+            self._started_ray = False
         if self._tracker is not None:
             self._tracker.stop()
         try:
@@ -262,3 +271,9 @@ class Scheduler:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _warm_nvcc() -> None:
+    seconds = warm_nvcc()
+    if seconds is not None:
+        log.info("CUDA toolchain warmed: an empty kernel compiled in %.1f s", seconds)

@@ -161,7 +161,7 @@ class _TaskLoop:
         self.round_results: list[MeasureResult] = []
         self.retraining: cf.Future[Retrained] | None = None
         self.closing: tuple[int, int, float | None, int | None] = (0, 0, None, None)  # round, done, best, guide
-        self.round_started = time.monotonic()
+        self.round_started = self.started_at = time.monotonic()
         self.exhausted = False
         self.cancelled = self._stopped()
         self._trainer = cf.ThreadPoolExecutor(1, thread_name_prefix="farm-retrain")
@@ -275,6 +275,10 @@ class _TaskLoop:
             results = [MeasureResult(i, self.task.space.get(i).to_json(), Status.RUNTIME_ERROR,
                                      f"worker failed {chunk.attempt} times: {one_line(e)}", worker=name,
                                      shard=chunk.shard, round=chunk.round) for i in chunk.indices]
+        if not self.round_results and self.round == 0:
+            # Start-up's end, for `farm tune -v` and the service's log: what a user waits for.
+            log.info("task %s: first results %.1f s after its searches started", self.task_id,
+                     time.monotonic() - self.started_at)
         for r in results:
             self.writer.add(self.task_id, r)
         self.searches.observe(chunk.shard, results)

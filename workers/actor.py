@@ -14,6 +14,7 @@ and measures, the board only runs kernels.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import time
@@ -33,6 +34,8 @@ class WorkerActor:
         import ray
 
         start = time.monotonic()
+        if log_dir:
+            _log_to(Path(log_dir) / f"{name}-actor.log")
         gpus = [str(g) for g in ray.get_gpu_ids()]
         self.host = socket.gethostname()
         self.gpu = ",".join(gpus) if gpus else None
@@ -59,6 +62,16 @@ class WorkerActor:
     def close(self) -> None:
         metrics.set_worker_up(self.device.name, self.device.key, False)
         self.device.close()
+
+
+def _log_to(path: Path) -> None:
+    """The farm's INFO records of this actor process (start-up steps, sessions, build slots) go to
+    `path`: Ray keeps an actor's own output in its session folder, out of the user's sight."""
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(message)s"))
+    farm_log = logging.getLogger("farm")
+    farm_log.addHandler(handler)
+    farm_log.setLevel(logging.INFO)
 
 
 def _build_slots() -> int:

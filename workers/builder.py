@@ -191,15 +191,25 @@ def _init_pool_process() -> None:
 
 
 def _warm_process(nvcc: bool) -> None:
-    """Import TVM in a build process; with `nvcc`, also compile an empty kernel (the first nvcc
-    run on a machine takes ~12 s while its toolchain comes off disk)."""
+    """Import TVM in a build process; with `nvcc`, also warm the CUDA toolchain (warm_nvcc)."""
     import tvm  # noqa: F401 - the import is the point
 
-    compiler = shutil.which("nvcc") if nvcc else None
-    if compiler:
-        with tempfile.TemporaryDirectory(prefix="farm-warm-") as d:
-            Path(d, "k.cu").write_text('extern "C" __global__ void k() {}\n')
-            subprocess.run([compiler, "--cubin", "-o", f"{d}/k.cubin", f"{d}/k.cu"], capture_output=True, timeout=120)
+    if nvcc:
+        warm_nvcc()
+
+
+def warm_nvcc() -> float | None:
+    """Compile an empty kernel with nvcc, so that the builds after it find its toolchain (nvcc,
+    cicc, ptxas, the CUDA headers) in the page cache: the first nvcc run on a machine took ~12 s
+    while they came off disk. Its seconds, None without nvcc."""
+    compiler = shutil.which("nvcc")
+    if compiler is None:
+        return None
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="farm-warm-") as d:
+        Path(d, "k.cu").write_text('extern "C" __global__ void k() {}\n')
+        subprocess.run([compiler, "--cubin", "-o", f"{d}/k.cubin", f"{d}/k.cu"], capture_output=True, timeout=120)
+    return time.perf_counter() - start
 
 
 class Builder(Protocol):
@@ -321,11 +331,13 @@ class ProcessPoolBuilder:
     def _run_slot(self, slot: int) -> None:
         """One slot: once its process is warm, take candidates off the queue until close(), each
         built in this slot's process. A cold slot takes no candidate: a warm one builds it sooner."""
+        start = time.monotonic()
         proc, conn = self._spawn(slot)
         warming = True  # the process answers its warm-up first
         try:
             proc, conn = self._ready(slot, proc, conn)
             warming = False
+            log.info("build slot %d warm in %.1f s", slot, time.monotonic() - start)
         except Exception as e:  # met again, and recorded, with the slot's first candidate
             log.warning("build slot %d did not start: %s", slot, one_line(e))
         while (request := self._queue.get()) is not None:

@@ -184,10 +184,12 @@ class RPCRunner:
     def _connect(self, deadline: float) -> _Session:
         from tvm import rpc
 
+        start = time.monotonic()
         host, port, matchkey = _request_server(self.tracker, self.key, deadline)
         sess = rpc.connect(host, port, matchkey, session_timeout=self.session_timeout)
         opened = _Session(sess, self.kind, self.key)
         self.sessions_opened += 1
+        log.info("session %d on %s open in %.1f s", self.sessions_opened, self.key, time.monotonic() - start)
         return opened
 
     def session(self) -> _Session:
