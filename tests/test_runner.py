@@ -115,3 +115,45 @@ def test_candidates_far_slower_than_the_best_are_timed_once(server: ServerProces
     unscreened = _runner(server, screen_factor=None)
     results = unscreened.measure(_matmul(64), [_export(tmp_path, f"u{i}", 64) for i in range(2)])
     assert [len(r.latencies) for r in results] == [3, 3], [r.error for r in results]
+
+
+
+def test_a_spawning_server_serves_each_session_in_a_process_started_before_it(tmp_path: Path) -> None:
+    """--no-fork (every cuda server): the process that serves a session was spawned before the
+    client connected (workers.rpc_server.Standby), and so was the next session's, once the first
+    had started; both sessions call the farm's functions."""
+    import tempfile
+    import time
+
+    import psutil
+    from tvm import rpc
+
+    def session_processes(server: ServerProcess) -> dict[int, str]:
+        """Spawned session processes of the server (standing by or serving): pid -> working folder."""
+        found = {}
+        for p in psutil.Process(server.proc.pid).children(recursive=True):
+            try:
+                if "multiprocessing.spawn" in " ".join(p.cmdline()):
+                    found[p.pid] = p.cwd()
+            except psutil.NoSuchProcess:
+                pass
+        return found
+
+    with LocalTracker(log=tmp_path / "tracker.log") as tracker:
+        server = ServerProcess(tracker.address, "test-standby", "llvm", log=tmp_path / "server.log", no_fork=True)
+        try:
+            wait_for_keys(tracker.address, [server.key], 60, [server.proc])
+            for _ in range(2):
+                deadline = time.monotonic() + 60
+                while not (before := session_processes(server)) and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                assert before, "no session process stands by for the next session"
+                sess = rpc.connect_tracker(*tracker.address).request(server.key, session_timeout=60)
+                assert sess.get_function("farm.device.name")("llvm").startswith("CPU ")
+                # One that stood by now works in the session's folder (a standby waits in the temp folder).
+                now = session_processes(server)
+                assert [pid for pid in before if now.get(pid, tempfile.gettempdir()) != tempfile.gettempdir()]
+                del sess
+        finally:
+            server.stop()
+    assert "standby session process was gone" not in (tmp_path / "server.log").read_text()

@@ -19,6 +19,7 @@ the process that started it, even one killed with SIGKILL (workers.lifeline).
 from __future__ import annotations
 
 import concurrent.futures as cf
+import functools
 import logging
 import os
 import socket
@@ -56,8 +57,11 @@ def cpu_model() -> str:
     return "unknown"
 
 
+@functools.cache
 def gpu_count() -> int:
-    """GPUs visible to this process (nvidia-smi), 0 when there are none."""
+    """GPUs visible to this process (nvidia-smi), 0 when there are none. Asked once per process:
+    nvidia-smi takes a second or more on a GPU host, and `farm tune` needs the answer twice
+    (its worker count, Ray's GPU resources)."""
     try:
         out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20)
     except (OSError, subprocess.TimeoutExpired):
@@ -147,7 +151,7 @@ class ServerProcess:
                 "--host", host, "--port", str(port), "--port-end", str(port + 100)]
         env = {}
         if kind == "cuda" if no_fork is None else no_fork:
-            args.append("--no-fork")  # a forked process fails its first CUDA allocation
+            args += ["--no-fork", "--kind", kind]  # a forked process fails its first CUDA allocation
         if gpu is not None:
             env["CUDA_VISIBLE_DEVICES"] = gpu
         self.proc = spawn_module(args, log, env)

@@ -12,7 +12,11 @@ TVM_CUDA_COMPILE_MODE=nvcc). A stock `tvm.exec.rpc_server` works with the farm t
 just compiles every kernel itself at load time.
 
 TVM serves each session in a child process (spawned with --no-fork, which CUDA needs: a
-forked process fails its first allocation). If that child crashes, TVM's listen loop
+forked process fails its first allocation). A spawned one takes seconds to start (Python,
+TVM's import, the CUDA context), and a session's candidates wait for it: so with --no-fork
+the next session's process is spawned ahead of time (`Standby`: TVM imported, the device's
+context made) and handed the session's socket when a client connects, the one after it spawned
+at once. If that child crashes, TVM's listen loop
 raises and its thread ends, leaving a server that never accepts again; here the crash is
 logged and the server goes on accepting, and should the server process end anyway this
 launcher restarts it, so one bad kernel never takes the device out of the farm.
@@ -29,6 +33,7 @@ SECURITY: an RPC server runs whatever module it is sent. Bind it to a private ne
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import logging
 import socket
@@ -105,17 +110,100 @@ def serve_loop(sock: object, load_library: object, work_path: object) -> None:
 
     It is a module-level function so that a spawned session process imports this module.
     """
+    import os
+
     from tvm.rpc import server
 
+    os.chdir(work_path.path)  # where TVM's own session process starts (a standby started elsewhere)
     _register()
     server._server_env(load_library, work_path)
     server._ffi_api.ServerLoop(sock.fileno())  # type: ignore[attr-defined]
 
 
-def _install() -> None:
-    """Runs in the server process before it serves: route sessions through `serve_loop`, keep
-    serving after a session process crashed, and wait for a tracker that went away."""
+def _standby(conn: Any, kind: str) -> None:
+    """A session process started ahead of its session: import TVM, make the device's context,
+    then run the session loop it is sent (`Standby.start`)."""
     import os
+    import tempfile
+
+    import tvm
+
+    # It was spawned from the last session's folder, which that session removes when it ends.
+    os.chdir(tempfile.gettempdir())
+    if kind == "cuda":
+        tvm.runtime.empty((1,), "float32", tvm.cuda(0))  # the CUDA context, made now, not by the session
+    message = conn.recv()
+    if message is not None:
+        target, args = message
+        target(*args)
+
+
+class Standby:
+    """Stands in for `multiprocessing.Process` in TVM's session code (`_serving` makes one per
+    session, then starts, joins and perhaps terminates it): the process it starts is one spawned
+    ahead of time (`_standby`), and starting it spawns the next one. A standby that died before
+    its session (out of memory, say) is replaced by a process spawned then, as TVM would."""
+
+    kind = "cuda"
+    _next: Any = None  # (process, connection) of the next session's standby
+
+    def __init__(self, target: Any, args: tuple[Any, ...]) -> None:
+        self._target, self._args = target, args
+        self._proc: Any = None
+
+    @classmethod
+    def spawn(cls) -> None:
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("spawn")
+        parent, child = ctx.Pipe()
+        proc = ctx.Process(target=_standby, args=(child, cls.kind), daemon=True, name="farm-session-standby")
+        proc.start()
+        child.close()
+        cls._next = (proc, parent)
+
+    def start(self) -> None:
+        import multiprocessing
+
+        proc, conn = Standby._next or (None, None)
+        Standby.spawn()
+        try:
+            if proc is None or not proc.is_alive():
+                raise EOFError("no standby")
+            conn.send((self._target, self._args))
+            self._proc = proc
+        except (EOFError, OSError) as e:  # it died: a session process spawned now, as TVM would
+            log.warning("the standby session process was gone (%s); spawning one", e)
+            self._proc = multiprocessing.get_context("spawn").Process(target=self._target, args=self._args)
+            self._proc.start()
+        finally:
+            if conn is not None:
+                conn.close()
+
+    def join(self, timeout: float | None = None) -> None:
+        self._proc.join(timeout)
+
+    def is_alive(self) -> bool:
+        return bool(self._proc.is_alive())
+
+    def terminate(self) -> None:
+        self._proc.terminate()
+
+    @property
+    def pid(self) -> int:
+        return int(self._proc.pid)
+
+    @property
+    def exitcode(self) -> int | None:
+        return self._proc.exitcode  # type: ignore[no-any-return]
+
+
+def _install(kind: str | None) -> None:
+    """Runs in the server process before it serves: route sessions through `serve_loop`, keep
+    serving after a session process crashed, and wait for a tracker that went away; with `kind`
+    (--no-fork), serve each session in a process spawned ahead of it (Standby)."""
+    import os
+    import types
 
     from tvm.rpc import base, server
 
@@ -137,6 +225,11 @@ def _install() -> None:
     server._serve_loop = rpc_server.serve_loop
     server._serving = serving_survives_crashes
     base.connect_with_retry = rpc_server.connect_to_tracker
+    if kind is not None:
+        rpc_server.Standby.kind = kind
+        rpc_server.Standby.spawn()
+        # What the session code calls `multiprocessing.Process` (it is the module's only use after start-up).
+        server.multiprocessing = types.SimpleNamespace(Process=rpc_server.Standby)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -147,6 +240,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tracker", required=True, help="RPC tracker as HOST:PORT")
     parser.add_argument("--key", required=True, help="device key to register under")
     parser.add_argument("--no-fork", action="store_true", help="spawn session processes (CUDA)")
+    parser.add_argument("--kind", choices=("cuda", "llvm"), default="cuda",
+                        help="with --no-fork: the device a standby session process gets ready")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
 
@@ -156,7 +251,8 @@ def main(argv: list[str] | None = None) -> None:
     while True:
         server = rpc.Server(
             args.host, args.port, args.port_end, key=args.key, tracker_addr=(host, int(port)),
-            no_fork=args.no_fork, server_init_callback=_install, silent=True,
+            no_fork=args.no_fork, silent=True,
+            server_init_callback=functools.partial(_install, args.kind if args.no_fork else None),
         )
         log.info("serving key %s on %s:%d", args.key, args.host, server.port)
         server.proc.join()
