@@ -85,6 +85,10 @@ class LocalWorkerPool:
     def searches(self, search: str, task: Task, seed: int, measured: Iterable[int]) -> LocalSearches:
         return LocalSearches(search, task, seed, self.size, measured)
 
+    def grow(self) -> int:
+        """Never: this pool's workers are the ones it was given."""
+        return 0
+
     def close(self) -> None:
         self._threads.shutdown(wait=True, cancel_futures=True)
         for w in self.workers:

@@ -32,7 +32,9 @@ class WorkerPool(Protocol):
     that fails as a whole (its process died) fails the future, and the pool starts a new worker
     in its place for later calls (the loop measures the configs again). A worker runs up to
     MAX_CALLS calls at once. `searches` gives one search per worker's shard, none proposing
-    `measured`. `close` stops every process the pool started.
+    `measured`. `grow` adds workers on devices that joined since (a GPU node joining the
+    cluster mid-job); workers are only ever added, at the end of the worker order. `close`
+    stops every process the pool started.
     """
 
     @property
@@ -46,6 +48,9 @@ class WorkerPool(Protocol):
                round_: int) -> cf.Future[list[MeasureResult]]: ...
 
     def searches(self, search: str, task: Task, seed: int, measured: Iterable[int]) -> ShardSearches: ...
+
+    def grow(self) -> int:
+        """Add the workers whose devices joined since the last call and are up; how many."""
 
     def close(self) -> None: ...
 

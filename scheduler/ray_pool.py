@@ -2,7 +2,10 @@
 Ray actors beside them.
 
 One worker actor per device (`num_gpus=1` each), or one per named RPC key for devices that run only
-a TVM RPC server (`num_gpus=0`: the actor compiles and drives the remote board). Each actor
+a TVM RPC server (`num_gpus=0`: the actor compiles and drives the remote board). A GPU node that
+joins the cluster while a job runs (`docker compose up --scale gpu-worker=N`, a `ray start
+--address` on a new host) gets a worker actor per GPU, which the running job uses once it is up
+(`grow`). Each actor
 has many calls open at once (the tuning loop's chunks: some compiling, some measuring), so it
 runs them in threads (`max_concurrency`).
 
@@ -47,6 +50,9 @@ class RayWorkerPool:
         self.tracker, self.kind, self.rpc_keys = tracker, kind, list(rpc_keys or [])
         self.build_workers, self.log_dir, self.name = build_workers, log_dir, name
         self._lock = threading.Lock()  # actors are replaced from Ray's callback threads
+        self._nodes = _gpu_nodes()  # nodes seen: a GPU node not among them joined later (grow)
+        self._starting: list[Any] = []  # actors of joined devices, starting
+        self._joined: list[tuple[Any, dict[str, Any]]] = []  # actors of joined devices, up: (actor, info)
         self.actors: list[Any] = [self._new_actor(i) for i in range(len(self.rpc_keys) or count)]
         # The shards' search actors start beside the worker actors, not after them.
         self._search_actors: list[Any] = self._new_search_actors()
@@ -104,6 +110,43 @@ class RayWorkerPool:
             self.actors[worker] = new = self._new_actor(worker)
         new.info.remote().future().add_done_callback(lambda f: self._set_info(worker, f))
 
+    def grow(self) -> int:
+        """Start a worker actor for every GPU of the nodes that joined since the last call, and add
+        those that are up (their calls would wait for a GPU otherwise); how many were added. An
+        actor placed elsewhere (another scheduler took the new GPU first) is added all the same
+        once Ray places it; one never placed is never used. Devices named by RPC keys never grow."""
+        if self.rpc_keys:
+            return 0
+        nodes = _gpu_nodes()
+        new = {node: gpus for node, gpus in nodes.items() if node not in self._nodes}
+        self._nodes.update(new)
+        for node, gpus in new.items():
+            log.info("a node with %d GPU(s) joined the cluster (%s): starting a worker actor on each", gpus, node[:12])
+            for _ in range(gpus):
+                self._start_joining()
+        with self._lock:
+            joined, self._joined = self._joined, []
+            for actor, info in joined:
+                self.actors.append(actor)
+                self.infos.append(info)
+                log.info("worker actor %s joined the pool (%d workers now)", info["name"], len(self.actors))
+        return len(joined)
+
+    def _start_joining(self) -> None:
+        with self._lock:
+            actor = self._new_actor(len(self.actors) + len(self._joined) + len(self._starting))
+            self._starting.append(actor)
+
+        def up(info: cf.Future[dict[str, Any]]) -> None:
+            with self._lock:
+                self._starting.remove(actor)
+                try:
+                    self._joined.append((actor, info.result()))
+                except Exception as e:  # it died starting: the devices already in the pool go on
+                    log.warning("a worker actor for a joined GPU did not start: %s", one_line(e))
+
+        actor.info.remote().future().add_done_callback(up)
+
     def _set_info(self, worker: int, info: cf.Future[dict[str, Any]]) -> None:
         """Record a replacement actor's info (its metrics address) once it is up."""
         try:
@@ -135,14 +178,25 @@ class RayWorkerPool:
     def close(self) -> None:
         import ray
 
+        with self._lock:  # joined devices not yet in the pool are stopped too; one still starting is killed
+            self.actors += [actor for actor, _ in self._joined]
+            starting, self._starting, self._joined = self._starting, [], []
         try:
             ray.get([a.close.remote() for a in self.actors], timeout=60)
         except Exception as e:  # an actor that died has nothing left to close
             log.warning("closing worker actors: %s", e)
-        for a in self.actors + self._search_actors:
+        for a in self.actors + starting + self._search_actors:
             ray.kill(a)
         self.actors.clear()
         self._search_actors.clear()
+
+
+def _gpu_nodes() -> dict[str, int]:
+    """The cluster's alive nodes that have GPUs: node id -> GPU count."""
+    import ray
+
+    return {n["NodeID"]: int(n["Resources"].get("GPU", 0)) for n in ray.nodes()
+            if n.get("Alive") and n["Resources"].get("GPU", 0) >= 1}
 
 
 class SearchActor:

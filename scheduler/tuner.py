@@ -11,6 +11,9 @@ Work flows as a stream of small chunks rather than batches that wait for one ano
   cost model is retrained on every trial of the task's family in a background thread; the new
   model reaches every shard's search before its next proposal. Chunks go on flowing meanwhile,
   guided by the previous model until the new one arrives.
+- A worker that joins mid-task (a GPU node joined the cluster: WorkerPool.grow, asked once a
+  second) gets work at once, searching the shard of an earlier worker (worker i, shard i mod
+  the shards): a shard's search never proposes a config twice, whoever asks.
 - A chunk whose worker failed as a whole (its process died; the pool replaces it) is not a
   result: its configs are measured again on whichever worker has room, and recorded as failed
   only after MAX_ATTEMPTS such failures. A worker that fails with a FarmError cannot measure at
@@ -145,6 +148,7 @@ class _TaskLoop:
         self.should_stop = should_stop
         self.pool, self.searches, self.report = pool, searches, report
         self.task_id, self.budget, self.done = row["id"], row["budget"], done
+        self.batch_size = batch_size
         self.capacity = QUEUE_DEPTH * batch_size  # candidates in flight per worker
         self.chunk = min(CHUNK, batch_size)
         self.round_size = pool.size * batch_size
@@ -198,6 +202,7 @@ class _TaskLoop:
                 if time.monotonic() - polled >= CANCEL_POLL_SECONDS:
                     polled = time.monotonic()
                     self.cancelled = self.cancelled or self._stopped()
+                    self._grow()
                 if len(self.round_results) >= self.round_size:
                     self._close_round()
                 self._queue_metrics()
@@ -218,7 +223,7 @@ class _TaskLoop:
         """The worker with the fewest candidates in flight, if it has room for more: filling the
         emptiest first gives every worker work before any gets more, and spreads a budget's
         last trials over all of them."""
-        worker = min(range(self.pool.size), key=self.in_flight.__getitem__)
+        worker = min(range(len(self.in_flight)), key=self.in_flight.__getitem__)
         return worker if self.in_flight[worker] < self.capacity else None
 
     def _fill(self) -> None:
@@ -232,9 +237,22 @@ class _TaskLoop:
             n = min(self.chunk, left, self.capacity - self.in_flight[worker])
             if not self.started[worker]:
                 n, self.started[worker] = min(n, FIRST_BATCH), True
-            (future,) = self.searches.propose([(worker, n)])  # worker i searches shard i
+            (future,) = self.searches.propose([(self._shard(worker), n)])
             self.proposals[future] = (worker, n)
             self.in_flight[worker] += n
+
+    def _shard(self, worker: int) -> int:
+        """The shard worker `worker` searches: its own, or an earlier worker's if it joined later."""
+        return worker % self.searches.count
+
+    def _grow(self) -> None:
+        """Hand work to the workers that joined the pool (see the module docstring)."""
+        added = self.pool.grow()
+        if added:
+            self.in_flight += [0] * added
+            self.started += [False] * added
+            self.round_size = self.pool.size * self.batch_size
+            log.info("task %s: %d worker(s) joined, %d measuring now", self.task_id, added, self.pool.size)
 
     def _submit(self, worker: int, shard: int, indices: list[int], attempt: int) -> None:
         future = self.pool.submit(worker, self.task, indices, shard, self.round)
@@ -246,7 +264,7 @@ class _TaskLoop:
     def _proposed(self, future: cf.Future[list[int]]) -> None:
         worker, n = self.proposals.pop(future)
         self.in_flight[worker] -= n
-        shard, indices = worker, future.result()
+        shard, indices = self._shard(worker), future.result()
         if not indices:  # work stealing: the first shard with configs left
             shard, indices = _steal(self.searches, n)
         if not indices:

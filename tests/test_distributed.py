@@ -346,6 +346,34 @@ def test_in_process_pool_runs_the_real_loop_without_ray(pg_url: str) -> None:
     assert set(trials["worker"]) == {"local-0", "local-1"}
 
 
+
+def test_a_worker_that_joins_mid_task_gets_work_and_the_budget_stays_exact(pg_url: str) -> None:
+    """The loop asks its pool to grow once a second (WorkerPool.grow: a GPU node joined the
+    cluster): a device added mid-task measures part of it, searching worker 0's shard, and the
+    job still measures its budget exactly, no config twice."""
+    from scheduler.local_pool import LocalWorkerPool
+    from workers.device import LocalDevice
+
+    class JoinedMidTask(LocalWorkerPool):
+        """One device, and a second one the first time the loop asks after 4 results are stored."""
+
+        def grow(self) -> int:
+            if len(self.workers) > 1 or store.trial_count(task_id) < 4:
+                return 0
+            self.workers.append(LocalDevice("llvm", "local-joined", self.tracker.address).start())  # type: ignore[union-attr]
+            return 1
+
+    store = open_store(pg_url)
+    job_id = store.submit(JobRequest.build(SMALL, "llvm", 40, workers=1, batch_size=4, search="xgb"))
+    (task_id,) = [t["id"] for t in store.tasks(job_id)]
+    with Scheduler(store, pool_factory=lambda kind, count, keys: JoinedMidTask.on_this_machine(kind, count)) as sched:
+        assert sched.claim_and_run(job_id) == "done"
+    trials = store.trials(job_id=job_id)
+    assert len(trials) == 40 and trials["config_index"].is_unique
+    assert (trials["status"] == "ok").all()
+    assert set(trials["worker"]) == {"local-0", "local-joined"}
+
+
 def test_a_job_naming_an_rpc_key_no_device_has_fails_with_a_clear_error(pg_url: str) -> None:
     """No server under the job's key: its candidates compile, and after the register timeout the
     job fails saying which key and what to do; the scheduler is free for the next job."""

@@ -202,8 +202,6 @@ def test_compose_farm_runs_a_job_on_both_workers(farm: Farm) -> None:
         assert len(set(job.trials()["worker"])) == 2
 
 
-@pytest.mark.xfail(strict=True, reason="the scheduler sizes a job's worker pool when the job starts: a "
-                   "gpu-worker that joins mid-job is used by later jobs only (issue 13, open)")
 def test_compose_scale_adds_a_worker_mid_job(farm: Farm) -> None:
     """A third gpu-worker, scaled up while a job runs, measures some of its trials."""
     with Client(farm.db) as client:
