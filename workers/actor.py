@@ -66,8 +66,14 @@ class WorkerActor:
 
 def _log_to(path: Path) -> None:
     """The farm's INFO records of this actor process (start-up steps, sessions, build slots) go to
-    `path`: Ray keeps an actor's own output in its session folder, out of the user's sight."""
-    handler = logging.FileHandler(path)
+    `path`, on the actor's node: Ray keeps an actor's own output in its session folder, out of the
+    user's sight. A path this node cannot write costs the log, never the actor."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handler = logging.FileHandler(path)
+    except OSError as e:
+        logging.getLogger("farm.worker").warning("cannot keep this worker's log in %s: %s", path, e)
+        return
     handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(message)s"))
     farm_log = logging.getLogger("farm")
     farm_log.addHandler(handler)
