@@ -172,14 +172,15 @@ class LocalCluster:
 
     def _env(self, host: str = "127.0.0.1") -> dict[str, str]:
         """The services' environment: Ray's token authentication, this checkout importable, the marker,
-        and the address the worker actors' RPC servers bind (the one the tracker hands out for them)."""
+        and the address the worker actors' RPC servers and metrics bind (the one the tracker hands out for
+        them, and the one Prometheus scrapes)."""
         token = self.folder / TOKEN_FILE
         if not token.exists():
             token.touch(mode=0o600)
             token.write_text(secrets.token_hex(32))
         env = dict(os.environ, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token), PYTHONUNBUFFERED="1",
                    FARM_CLUSTER=str(self.folder),  # the marker `down` finds every process of the cluster by
-                   FARM_RPC_HOST=host)
+                   FARM_RPC_HOST=host, FARM_METRICS_HOST=host)
         env.pop("RAY_AUTH_TOKEN", None)  # it would take precedence over the cluster's token file
         repo = str(Path(__file__).resolve().parent.parent)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [repo, env.get("PYTHONPATH")]))
@@ -300,23 +301,38 @@ class LocalCluster:
         self._wait(tracker, lambda: port_open(host, int(port)), "the RPC tracker", timeout)
 
     def _start_scheduler(self, state: ClusterState, timeout: float) -> None:
-        """`farm scheduler`, up once it logs that it serves (it has opened the database)."""
+        """`farm scheduler`, up once it logs that it serves (it has opened the database). It serves its
+        metrics on `host` and lists its worker actors' in prometheus-targets/ (Prometheus' file_sd)."""
+        metrics = free_port(state.host)
+        state.metrics["scheduler"] = f"{state.host}:{metrics}"
+        targets = self.folder / "prometheus-targets"
+        targets.mkdir(exist_ok=True)
         scheduler = self._spawn(state, "scheduler", [
             sys.executable, "-m", "farm", "scheduler", "--ray-address", state.ray_address,
-            "--tracker", state.tracker, "--log-dir", str(self.logs / "rpc")], env={"FARM_DB": state.db})
+            "--tracker", state.tracker, "--log-dir", str(self.logs / "rpc"),
+            "--metrics-host", state.host, "--metrics-port", str(metrics)],
+            env={"FARM_DB": state.db, "FARM_PROMETHEUS_TARGETS": str(targets)})
         self._wait(scheduler, lambda: " serving " in Path(scheduler.log).read_text(errors="replace"),
                    "the scheduler", timeout)
 
     def _start_prometheus(self, state: ClusterState, timeout: float) -> None:
-        """Prometheus scraping the Ray nodes, if `prometheus` is installed (else nothing)."""
+        """Prometheus, if `prometheus` is installed (else nothing), scraping what deploy/prometheus
+        names: the Ray nodes (job ray), the scheduler (farm-scheduler) and the worker actors the
+        scheduler lists (farm-workers, also on GPU hosts that joined)."""
         binary = shutil.which("prometheus")
         if binary is None:
             return
         port = free_port(state.host)
         config = self.folder / "prometheus.yml"
-        targets = json.dumps(sorted(state.metrics.values()))
-        config.write_text(f"global: {{scrape_interval: 5s}}\nscrape_configs:\n"
-                          f"  - job_name: ray\n    static_configs: [{{targets: {targets}}}]\n")
+        ray_nodes = sorted(v for k, v in state.metrics.items() if k != "scheduler")
+        workers = str(self.folder / "prometheus-targets" / "workers-*.json")
+        config.write_text(json.dumps({  # JSON is YAML
+            "global": {"scrape_interval": "5s"},
+            "scrape_configs": [
+                {"job_name": "ray", "static_configs": [{"targets": ray_nodes}]},
+                {"job_name": "farm-scheduler", "static_configs": [{"targets": [state.metrics["scheduler"]]}]},
+                {"job_name": "farm-workers", "file_sd_configs": [{"files": [workers]}]},
+            ]}, indent=1))
         prometheus = self._spawn(state, "prometheus", [
             binary, f"--config.file={config}", f"--storage.tsdb.path={self.folder / 'prometheus'}",
             f"--web.listen-address={state.host}:{port}"])

@@ -89,6 +89,10 @@ class LocalWorkerPool:
         """Never: this pool's workers are the ones it was given."""
         return 0
 
+    def ready(self, worker: int) -> bool:
+        """Always: a worker here is an object of this process."""
+        return True
+
     def close(self) -> None:
         self._threads.shutdown(wait=True, cancel_futures=True)
         for w in self.workers:

@@ -33,8 +33,9 @@ class WorkerPool(Protocol):
     in its place for later calls (the loop measures the configs again). A worker runs up to
     MAX_CALLS calls at once. `searches` gives one search per worker's shard, none proposing
     `measured`. `grow` adds workers on devices that joined since (a GPU node joining the
-    cluster mid-job); workers are only ever added, at the end of the worker order. `close`
-    stops every process the pool started.
+    cluster mid-job); workers are only ever added, at the end of the worker order. `ready` says
+    whether a worker can take work now (not while a dead worker's replacement waits for a
+    device: its node left the cluster). `close` stops every process the pool started.
     """
 
     @property
@@ -51,6 +52,9 @@ class WorkerPool(Protocol):
 
     def grow(self) -> int:
         """Add the workers whose devices joined since the last call and are up; how many."""
+
+    def ready(self, worker: int) -> bool:
+        """Whether worker `worker` can take work now."""
 
     def close(self) -> None: ...
 

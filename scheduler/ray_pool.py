@@ -53,6 +53,7 @@ class RayWorkerPool:
         self._nodes = _gpu_nodes()  # nodes seen: a GPU node not among them joined later (grow)
         self._starting: list[Any] = []  # actors of joined devices, starting
         self._joined: list[tuple[Any, dict[str, Any]]] = []  # actors of joined devices, up: (actor, info)
+        self._down: set[int] = set()  # workers whose replacement actor is not up yet
         self.actors: list[Any] = [self._new_actor(i) for i in range(len(self.rpc_keys) or count)]
         # The shards' search actors start beside the worker actors, not after them.
         self._search_actors: list[Any] = self._new_search_actors()
@@ -108,6 +109,7 @@ class RayWorkerPool:
                 return
             log.warning("worker actor %s died (%s); starting a new one", self.names[worker], one_line(error))
             self.actors[worker] = new = self._new_actor(worker)
+            self._down.add(worker)
         new.info.remote().future().add_done_callback(lambda f: self._set_info(worker, f))
 
     def grow(self) -> int:
@@ -147,12 +149,22 @@ class RayWorkerPool:
 
         actor.info.remote().future().add_done_callback(up)
 
+    def ready(self, worker: int) -> bool:
+        """False from a worker actor's death until its replacement is up: a replacement waits for
+        a free device, which never comes when the node left the cluster with its GPUs."""
+        return worker not in self._down
+
     def _set_info(self, worker: int, info: cf.Future[dict[str, Any]]) -> None:
-        """Record a replacement actor's info (its metrics address) once it is up."""
+        """Record a replacement actor's info (its metrics address) once it is up; the worker takes
+        work again. One that died starting leaves the worker down."""
         try:
             self.infos[worker] = info.result()
-        except Exception as e:  # it died too: its calls fail, and it is replaced again
+        except Exception as e:
             log.warning("worker actor %s did not start: %s", self.names[worker], one_line(e))
+            return
+        with self._lock:
+            self._down.discard(worker)
+        log.info("worker actor %s is up again", self.names[worker])
 
     def searches(self, search: str, task: Task, seed: int, measured: Iterable[int]) -> RaySearches:
         """One search per worker's shard of `task`, in this pool's search actors (see RaySearches)."""
@@ -169,10 +181,13 @@ class RayWorkerPool:
             return RaySearches(self._search_actors, search, task, seed, measured)
 
     def _new_search_actors(self) -> list[Any]:
-        """One new SearchActor per worker."""
+        """One new SearchActor per worker, on the scheduler's node where it can be (searching is the
+        scheduler's work; a GPU node may leave the cluster mid-job, and its actors with it)."""
         import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        remote = ray.remote(SearchActor).options(num_cpus=0)
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+        remote = ray.remote(SearchActor).options(num_cpus=0, scheduling_strategy=here)
         return [remote.remote() for _ in self.actors]
 
     def close(self) -> None:

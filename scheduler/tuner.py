@@ -16,7 +16,9 @@ Work flows as a stream of small chunks rather than batches that wait for one ano
   the shards): a shard's search never proposes a config twice, whoever asks.
 - A chunk whose worker failed as a whole (its process died; the pool replaces it) is not a
   result: its configs are measured again on whichever worker has room, and recorded as failed
-  only after MAX_ATTEMPTS such failures. A worker that fails with a FarmError cannot measure at
+  only after MAX_ATTEMPTS such failures. A worker whose replacement waits for a device (its node
+  left the cluster) takes no work meanwhile (WorkerPool.ready); with none left the job waits,
+  and fails after `stall_seconds`. A worker that fails with a FarmError cannot measure at
   all (its device never registered): the job fails with that error.
 
 The loop stops at each task's budget exactly, when the space is exhausted, or when the job is
@@ -167,6 +169,7 @@ class _TaskLoop:
         self.closing: tuple[int, int, float | None, int | None] = (0, 0, None, None)  # round, done, best, guide
         self.round_started = self.started_at = time.monotonic()
         self.exhausted = False
+        self.no_worker_since: float | None = None  # since when no worker could take work
         self.cancelled = self._stopped()
         self._trainer = cf.ThreadPoolExecutor(1, thread_name_prefix="farm-retrain")
 
@@ -176,7 +179,10 @@ class _TaskLoop:
         try:
             while True:
                 self._fill()
-                if not self.proposals and not self.running and (self.cancelled or not self.retry):
+                if not self.proposals and not self.running:
+                    if not (self.cancelled or (not self.retry and (self.exhausted or self._left() <= 0))):
+                        self._wait_for_a_worker(stall_seconds)  # work is left, but no worker can take it
+                        continue
                     if self.retraining is not None:
                         self._retrained()  # waits for it
                     elif self.round_results:
@@ -184,6 +190,7 @@ class _TaskLoop:
                     else:
                         break
                     continue
+                self.no_worker_since = None
                 waiting: list[cf.Future[Any]] = [*self.proposals, *self.running]
                 if self.retraining is not None:
                     waiting.append(self.retraining)
@@ -223,8 +230,9 @@ class _TaskLoop:
         """The worker with the fewest candidates in flight, if it has room for more: filling the
         emptiest first gives every worker work before any gets more, and spreads a budget's
         last trials over all of them."""
-        worker = min(range(len(self.in_flight)), key=self.in_flight.__getitem__)
-        return worker if self.in_flight[worker] < self.capacity else None
+        ready = [w for w in range(len(self.in_flight)) if self.pool.ready(w)]
+        worker = min(ready, key=self.in_flight.__getitem__, default=None)
+        return worker if worker is not None and self.in_flight[worker] < self.capacity else None
 
     def _fill(self) -> None:
         """Hand out work until every worker is full or the budget is all handed out."""
@@ -244,6 +252,20 @@ class _TaskLoop:
     def _shard(self, worker: int) -> int:
         """The shard worker `worker` searches: its own, or an earlier worker's if it joined later."""
         return worker % self.searches.count
+
+    def _wait_for_a_worker(self, stall_seconds: float) -> None:
+        """Every worker is down (their nodes left the cluster): wait a second for one to come back
+        or join; after `stall_seconds` of none, the job fails saying so."""
+        if self.no_worker_since is None:
+            self.no_worker_since = time.monotonic()
+            log.warning("task %s: no worker can measure (every device left the cluster); waiting for one",
+                        self.task_id)
+        elif time.monotonic() - self.no_worker_since > stall_seconds:
+            raise FarmError(f"no worker could measure for {stall_seconds:.0f} s: every device of the job left "
+                            "the cluster; the trials measured are kept (submit the job again to finish it)")
+        time.sleep(CANCEL_POLL_SECONDS)
+        self.cancelled = self.cancelled or self._stopped()
+        self._grow()
 
     def _grow(self) -> None:
         """Hand work to the workers that joined the pool (see the module docstring)."""
