@@ -38,6 +38,7 @@ import psutil
 import typer
 
 from farm.core.errors import FarmError
+from scheduler.cluster import SINGLE_MACHINE_ENV
 
 STATE_FILE = "cluster.json"
 TOKEN_FILE = "ray-auth-token"
@@ -182,6 +183,9 @@ class LocalCluster:
                    FARM_CLUSTER=str(self.folder),  # the marker `down` finds every process of the cluster by
                    FARM_RPC_HOST=host, FARM_METRICS_HOST=host)
         env.pop("RAY_AUTH_TOKEN", None)  # it would take precedence over the cluster's token file
+        # Set by init_ray in a process that started a local Ray (scheduler.cluster): inherited, it would
+        # make every Ray node of this cluster refuse other nodes ("Multi-node Ray clusters are not supported").
+        env.pop(SINGLE_MACHINE_ENV, None)
         repo = str(Path(__file__).resolve().parent.parent)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [repo, env.get("PYTHONPATH")]))
         return env
