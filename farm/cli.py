@@ -203,7 +203,7 @@ def scheduler(
         help="The farm's RPC tracker as HOST:PORT (default: start one on this machine).")] = None,
     ray_address: Annotated[str | None, typer.Option(
         help="Ray cluster to join, e.g. auto or HOST:6379 (default: start Ray on this machine).")] = None,
-    poll: Annotated[float, typer.Option(help="Seconds between looks for queued jobs.")] = 1.0,
+    poll: Annotated[float, typer.Option(help="Seconds between looks for queued jobs.")] = 0.25,
     once: Annotated[bool, typer.Option("--once", help="Exit when no job is queued.")] = False,
     log_dir: Annotated[Path | None, typer.Option(
         help="Keep the logs of the tracker, servers and worker actors here.")] = None,

@@ -208,7 +208,7 @@ class Scheduler:
             except Exception as e:  # a database hiccup must not kill the job
                 log.warning("heartbeat for job %d failed: %s", job_id, one_line(e))
 
-    def serve(self, poll_seconds: float = 1.0, once: bool = False) -> None:
+    def serve(self, poll_seconds: float = 0.25, once: bool = False) -> None:
         """Claim and run jobs until `stop()` (or, with `once`, until no job is queued). An
         unavailable database never ends it (see the module docstring); a job's failure neither."""
         log.info("%s serving (tracker %s:%d)", self.id, *self.tracker)
