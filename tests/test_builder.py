@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import concurrent.futures as cf
+import shutil
 import time
+from pathlib import Path
+from typing import Any
+
+import pytest
 
 from farm.core.measure import Status
 from farm.core.targets import parse_target
 from farm.core.task import Task
 from farm.core.workloads import make_workload
 from tests.build_faults import CRASH, HANG, faulty_build
-from workers.builder import ProcessPoolBuilder
+from workers import builder
+from workers.builder import BuildResult, ProcessPoolBuilder
 
 TASK = Task(make_workload("matmul", {"M": 32, "N": 32, "K": 32}), parse_target("llvm"))
 
@@ -46,3 +52,73 @@ def test_results_arrive_as_each_candidate_is_built() -> None:
         done, _ = cf.wait(futures[1:], timeout=18)
         assert len(done) == 2 and time.monotonic() - start < 18  # not held back by the hung one
         assert futures[0].result(timeout=40).status is Status.TIMEOUT
+
+
+CUDA_TASK = Task(make_workload("matmul", {"M": 64, "N": 64, "K": 64}), parse_target("cuda"))
+
+
+def _valid_cuda_schedule() -> Any:
+    for index in range(CUDA_TASK.space.size):
+        config = CUDA_TASK.space.get(index)
+        if not CUDA_TASK.check(config):
+            return CUDA_TASK.schedule(config)
+    raise AssertionError("no valid config")
+
+
+def _count_nvcc(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The sources nvcc is run on from here on."""
+    sources: list[str] = []
+    real = builder._nvcc
+
+    def counted(source: str, arch: str, stem: Path) -> Any:
+        sources.append(source)
+        return real(source, arch, stem)
+
+    monkeypatch.setattr(builder, "_nvcc", counted)
+    return sources
+
+
+def _compile_as_a_gpu_node(monkeypatch: pytest.MonkeyPatch, source_of: Any = None) -> None:
+    """tvm.compile as it runs where TVM's CUDA runtime is loaded: it asks the global function
+    tvm_callback_cuda_compile for the device code (this machine's TVM only emits the source)."""
+    import tvm
+    import tvm_ffi
+
+    real = tvm.compile
+
+    def compile_like_a_gpu_node(mod: Any, target: Any) -> Any:
+        lib = real(mod, target=target)
+        source = builder._cuda_source(lib)
+        code = tvm_ffi.get_global_func("tvm_callback_cuda_compile")(source_of(source) if source_of else source, target)
+        assert bytes(code)[:4] == b"\x7fELF"  # a cubin, which TVM's module then holds
+        return lib
+
+    monkeypatch.setattr(tvm, "compile", compile_like_a_gpu_node)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (CUDA's compiler) on this machine")
+def test_device_code_is_compiled_once_where_tvm_compiles_it_and_where_it_does_not(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    sch = _valid_cuda_schedule()
+    sources = _count_nvcc(monkeypatch)
+    cpu_node = BuildResult(0, {})
+    builder.compile_into(sch.mod, CUDA_TASK.target, tmp_path / "cpu", cpu_node)
+    # A CPU-only build node: nvcc on the module's source, the cubin shipped beside the library.
+    assert cpu_node.ok and len(sources) == 1 and Path(cpu_node.cubin).exists()
+    assert cpu_node.info["registers"] > 0
+
+    _compile_as_a_gpu_node(monkeypatch)
+    gpu_node = BuildResult(0, {})
+    builder.compile_into(sch.mod, CUDA_TASK.target, tmp_path / "gpu", gpu_node)
+    # A GPU node: TVM's request was answered by nvcc, and that run's report is the one checked.
+    assert gpu_node.ok and len(sources) == 2 and gpu_node.cubin == "" and Path(gpu_node.library).exists()
+    assert gpu_node.info == cpu_node.info and gpu_node.source_sha == cpu_node.source_sha
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (CUDA's compiler) on this machine")
+def test_source_nvcc_refuses_inside_tvms_compile_is_the_candidates_build_error(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    _compile_as_a_gpu_node(monkeypatch, source_of=lambda source: source + "\nthis is not C++;\n")
+    result = BuildResult(0, {})
+    builder.compile_into(_valid_cuda_schedule().mod, CUDA_TASK.target, tmp_path / "c", result)
+    assert result.status == Status.BUILD_ERROR and result.error.startswith("nvcc: ")

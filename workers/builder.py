@@ -1,13 +1,15 @@
 """The build stage: candidates compiled in a pool of processes into exported libraries.
 
-For cuda, the TVM 0.27 wheel's compiler only emits CUDA source (its module has fmt "cuda");
-the GPU runtime would compile that source when the module is loaded, on the GPU node, and a
-broken kernel would only show there. So the build stage compiles the source itself with
-`nvcc --cubin -arch=<target arch>` on the build node, reads ptxas's resource report, rejects
-kernels that cannot launch (registers x threads over the register file), and ships the cubin
-beside the library; our RPC server (workers.rpc_server) hands that cubin to the runtime
-instead of compiling. TVM's GPU-code verification (threads, shared memory, vthreads) runs
-on the lowered module before any of that.
+For cuda, every candidate's device code is compiled once, by `nvcc --cubin -arch=<target arch>`
+on the build node; ptxas's resource report is read, and kernels that cannot launch (registers x
+threads over the register file) are rejected there, not on the GPU node. Where TVM's CUDA
+runtime is loaded (a GPU node), `tvm.compile` compiles the device code itself, through the
+global function `tvm_callback_cuda_compile` (NVRTC, by default): a build process answers that
+call with its nvcc's cubin (`_DeviceCode`), which the library then holds. Where it is not (a
+CPU-only build node), the TVM 0.27 wheel only emits CUDA source (fmt "cuda"): the build runs
+nvcc on it and ships the cubin beside the library, and our RPC server (workers.rpc_server)
+hands it to the runtime instead of compiling on the GPU node. TVM's GPU-code verification
+(threads, shared memory, vthreads) runs on the lowered module before any of that.
 
 `Builder` is the seam a Worker builds through (its contract below); `ProcessPoolBuilder`,
 compiling in a pool of spawned processes on this node, is the implementation.
@@ -111,14 +113,25 @@ def build_one(task_json: str, index: int, out_dir: str) -> BuildResult:
 
 
 def compile_into(mod: Any, target: TargetSpec, stem: Path, result: BuildResult) -> None:
-    """Compile `mod` for `target` into the library `stem`.so, with the cubin nvcc makes of its
-    CUDA source for cuda; sets `result`'s library (cubin, source_sha) or its failure status.
+    """Compile `mod` for `target` into the library `stem`.so (with its device code, see the module
+    docstring, for cuda); sets `result`'s library (cubin, source_sha) or its failure status.
     Raises what TVM raises for a module it cannot compile."""
     import tvm
 
-    lib = tvm.compile(mod, target=target.tvm())
+    _DeviceCode.install()
+    _DeviceCode.arch, _DeviceCode.stem, _DeviceCode.done = target.arch if target.is_gpu else "", stem, None
+    try:
+        lib = tvm.compile(mod, target=target.tvm())
+    except Exception:
+        done = _DeviceCode.done
+        if done is not None and done.returncode != 0:  # nvcc refused TVM's source: the candidate's error
+            result.status, result.error = Status.BUILD_ERROR, "nvcc: " + _first_error(done.stderr)
+            return
+        raise
+    finally:
+        _DeviceCode.stem = None
     if target.is_gpu:
-        _compile_device_code(lib, target, stem, result)
+        _compile_device_code(lib, target, stem, result, _DeviceCode.done)
         if not result.ok:
             return
     library = f"{stem}.so"
@@ -126,27 +139,77 @@ def compile_into(mod: Any, target: TargetSpec, stem: Path, result: BuildResult) 
     result.library = library
 
 
-def _compile_device_code(lib: Any, target: TargetSpec, stem: Path, result: BuildResult) -> None:
-    """nvcc the CUDA source to a cubin and check it can launch; sets result fields."""
-    source = _cuda_source(lib)
-    result.source_sha = hashlib.sha256(source.encode()).hexdigest()
-    nvcc = shutil.which("nvcc")
-    if nvcc is None:
-        # Without nvcc the GPU node's runtime compiles the source at load time (NVRTC).
-        result.info["device_code"] = "deferred to the GPU node: nvcc not found on the build node"
-        return
+@dataclass
+class _Nvcc:
+    """One nvcc run on a CUDA source: its exit status, stderr (ptxas's report) and cubin."""
+
+    source: str
+    returncode: int
+    stderr: str
+    cubin: str
+
+
+def _nvcc(source: str, arch: str, stem: Path) -> _Nvcc:
     cu, cubin = f"{stem}.cu", f"{stem}.cubin"
     Path(cu).write_text(source)
-    proc = subprocess.run(
-        [nvcc, "--cubin", f"-arch={target.arch}", "-O3", "-Xptxas", "-v", "-o", cubin, cu],
-        capture_output=True, text=True, timeout=120,
-    )
-    if proc.returncode != 0:
+    proc = subprocess.run([shutil.which("nvcc") or "nvcc", "--cubin", f"-arch={arch}", "-O3", "-Xptxas", "-v",
+                           "-o", cubin, cu], capture_output=True, text=True, timeout=120)
+    return _Nvcc(source, proc.returncode, proc.stderr, cubin)
+
+
+class _DeviceCode:
+    """TVM's `tvm_callback_cuda_compile` in a process that builds candidates (one at a time):
+    while `compile_into` runs, the device code TVM asks for is the farm's nvcc run into `stem`,
+    kept in `done` for the resource checks; outside it (or without nvcc), TVM's own compiler."""
+
+    arch: str = ""
+    stem: Path | None = None
+    done: _Nvcc | None = None
+    _installed = False
+
+    @classmethod
+    def install(cls) -> None:
+        if cls._installed:
+            return
+        import tvm_ffi
+        from tvm.support import nvcc  # noqa: F401 - registers TVM's own callback first, which this overrides
+
+        tvm_ffi.register_global_func("tvm_callback_cuda_compile", cls.compile, override=True)
+        cls._installed = True
+
+    @classmethod
+    def compile(cls, code: str, *_: object) -> bytes:
+        """The cubin of `code` (TVM calls this with the target too); raises if nvcc refuses it."""
+        if cls.stem is None or not cls.arch or shutil.which("nvcc") is None:
+            from tvm.support import nvcc
+
+            return bytes(nvcc.tvm_callback_cuda_compile(code))
+        cls.done = _nvcc(code, cls.arch, cls.stem)
+        if cls.done.returncode != 0:
+            raise RuntimeError("nvcc: " + _first_error(cls.done.stderr))
+        return Path(cls.done.cubin).read_bytes()
+
+
+def _compile_device_code(lib: Any, target: TargetSpec, stem: Path, result: BuildResult, done: _Nvcc | None) -> None:
+    """Check the candidate's device code and set result fields: `done`, the nvcc run that TVM's
+    compile asked for (the library holds its cubin), or else nvcc run here on the module's CUDA
+    source (the cubin is shipped beside the library)."""
+    source = _cuda_source(lib)
+    result.source_sha = hashlib.sha256(source.encode()).hexdigest()
+    in_library = done is not None and done.source == source
+    if not in_library:
+        if shutil.which("nvcc") is None:
+            # Without nvcc the GPU node's runtime compiles the source at load time (NVRTC).
+            result.info["device_code"] = "deferred to the GPU node: nvcc not found on the build node"
+            return
+        done = _nvcc(source, target.arch, stem)
+    assert done is not None
+    if done.returncode != 0:
         result.status = Status.BUILD_ERROR
-        result.error = "nvcc: " + _first_error(proc.stderr)
+        result.error = "nvcc: " + _first_error(done.stderr)
         return
-    registers = max((int(m) for m in _PTXAS_USAGE.findall(proc.stderr)), default=0)
-    spills = max((int(m) for m in _PTXAS_SPILL.findall(proc.stderr)), default=0)
+    registers = max((int(m) for m in _PTXAS_USAGE.findall(done.stderr)), default=0)
+    spills = max((int(m) for m in _PTXAS_SPILL.findall(done.stderr)), default=0)
     threads = _threads_per_block(source)
     result.info.update(registers=registers, spill_bytes=spills, threads=threads)
     # A launch needs registers for every thread of the block from one SM's register file.
@@ -155,7 +218,8 @@ def _compile_device_code(lib: Any, target: TargetSpec, stem: Path, result: Build
         result.error = (f"{registers} registers x {threads} threads > "
                         f"{target.limit('registers_per_block')} registers per block")
         return
-    result.cubin = cubin
+    if not in_library:  # the runtime gets it from the RPC server instead of compiling the source
+        result.cubin = done.cubin
 
 
 def _cuda_source(lib: Any) -> str:
