@@ -16,10 +16,12 @@ forked process fails its first allocation). A spawned one takes seconds to start
 TVM's import, the CUDA context), and a session's candidates wait for it: so with --no-fork
 the next session's process is spawned ahead of time (`Standby`: TVM imported, the device's
 context made) and handed the session's socket when a client connects, the one after it spawned
-at once. If that child crashes, TVM's listen loop
-raises and its thread ends, leaving a server that never accepts again; here the crash is
-logged and the server goes on accepting, and should the server process end anyway this
-launcher restarts it, so one bad kernel never takes the device out of the farm.
+at once; the first is spawned before this process imports TVM. If that child crashes, TVM's
+listen loop raises and its thread ends, leaving a server that never accepts again; here the
+crash is logged and the server goes on accepting, and should the listening thread end anyway
+it is started again, so one bad kernel never takes the device out of the farm. (TVM's
+`rpc.Server` listens in a child process of its own, which imports TVM a second time; this
+process listens itself. If it dies, the worker that started it starts it again.)
 
 A tracker that goes away (killed, restarted) is tried again every `TRACKER_RETRY_SECONDS` for
 as long as it takes, and the server registers with it as soon as it is back. TVM's own server
@@ -33,7 +35,6 @@ SECURITY: an RPC server runs whatever module it is sent. Bind it to a private ne
 from __future__ import annotations
 
 import argparse
-import functools
 import hashlib
 import logging
 import socket
@@ -199,7 +200,7 @@ class Standby:
 
 
 def _install(kind: str | None) -> None:
-    """Runs in the server process before it serves: route sessions through `serve_loop`, keep
+    """Runs once in the server process before it serves: route sessions through `serve_loop`, keep
     serving after a session process crashed, and wait for a tracker that went away; with `kind`
     (--no-fork), serve each session in a process spawned ahead of it (Standby)."""
     import os
@@ -227,7 +228,8 @@ def _install(kind: str | None) -> None:
     base.connect_with_retry = rpc_server.connect_to_tracker
     if kind is not None:
         rpc_server.Standby.kind = kind
-        rpc_server.Standby.spawn()
+        if rpc_server.Standby._next is None:  # main() spawned the first one before importing TVM
+            rpc_server.Standby.spawn()
         # What the session code calls `multiprocessing.Process` (it is the module's only use after start-up).
         server.multiprocessing = types.SimpleNamespace(Process=rpc_server.Standby)
 
@@ -244,18 +246,27 @@ def main(argv: list[str] | None = None) -> None:
                         help="with --no-fork: the device a standby session process gets ready")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    kind = args.kind if args.no_fork else None
+    if kind is not None:
+        # The first session's process warms up (TVM's import, the device's context) while this
+        # one imports TVM and registers: a session is asked for as soon as the server registers.
+        from workers import rpc_server  # by its importable name (see _install)
 
-    from tvm import rpc
+        rpc_server.Standby.kind = kind
+        rpc_server.Standby.spawn()
+
+    from tvm.rpc import server
 
     host, port = args.tracker.rsplit(":", 1)
+    _install(kind)
     while True:
-        server = rpc.Server(
-            args.host, args.port, args.port_end, key=args.key, tracker_addr=(host, int(port)),
-            no_fork=args.no_fork, silent=True,
-            server_init_callback=functools.partial(_install, args.kind if args.no_fork else None),
-        )
-        log.info("serving key %s on %s:%d", args.key, args.host, server.port)
-        server.proc.join()
+        # TVM's rpc.Server runs this state in a child process of its own, which imports TVM again
+        # (seconds on a busy GPU node, before the server can register); here it runs in this one.
+        state = server.PopenRPCServerState(args.host, args.port, args.port_end, tracker_addr=(host, int(port)),
+                                           key=args.key, silent=True)
+        log.info("serving key %s on %s:%d", args.key, args.host, state.port)
+        state.thread.join()
+        state.sock.close()
         log.warning("RPC server for key %s ended (a session crashed); restarting", args.key)
         time.sleep(0.5)
 
