@@ -97,13 +97,35 @@ def test_crashing_kernel_is_recorded_and_the_run_goes_on(server: ServerProcess, 
     assert after.status is Status.OK, after.error
 
 
+def _session_processes(server: ServerProcess) -> dict[int, str]:
+    """Spawned session processes of the server (standing by or serving): pid -> working folder."""
+    import psutil
+
+    found = {}
+    for p in psutil.Process(server.proc.pid).children(recursive=True):
+        try:
+            if "multiprocessing.spawn" in " ".join(p.cmdline()):
+                found[p.pid] = p.cwd()
+        except psutil.NoSuchProcess:
+            pass
+    return found
+
+
 def test_hanging_kernel_times_out_and_the_run_goes_on(server: ServerProcess, tmp_path: Path) -> None:
+    """The hung session's process is killed; with --no-fork the one standing by for the next
+    session is not, and serves it."""
+    import tempfile
+
     runner = _runner(server, timeout=1.0)
     slow, after = runner.measure(_matmul(1024), [_export(tmp_path, "slow", 1024)])[0], None
     assert slow.status is Status.TIMEOUT, slow
+    standing_by = [pid for pid, cwd in _session_processes(server).items() if cwd == tempfile.gettempdir()]
+    assert len(standing_by) == ("--no-fork" in server.proc.args)
     runner.timeout = 30.0
     (after,) = runner.measure(_matmul(32), [_export(tmp_path, "after", 32)])
     assert after.status is Status.OK, after.error
+    serving = _session_processes(server)
+    assert all(serving.get(pid, tempfile.gettempdir()) != tempfile.gettempdir() for pid in standing_by), serving
 
 
 def test_candidates_far_slower_than_the_best_are_timed_once(server: ServerProcess, tmp_path: Path) -> None:
@@ -125,19 +147,7 @@ def test_a_spawning_server_serves_each_session_in_a_process_started_before_it(tm
     import tempfile
     import time
 
-    import psutil
     from tvm import rpc
-
-    def session_processes(server: ServerProcess) -> dict[int, str]:
-        """Spawned session processes of the server (standing by or serving): pid -> working folder."""
-        found = {}
-        for p in psutil.Process(server.proc.pid).children(recursive=True):
-            try:
-                if "multiprocessing.spawn" in " ".join(p.cmdline()):
-                    found[p.pid] = p.cwd()
-            except psutil.NoSuchProcess:
-                pass
-        return found
 
     with LocalTracker(log=tmp_path / "tracker.log") as tracker:
         server = ServerProcess(tracker.address, "test-standby", "llvm", log=tmp_path / "server.log", no_fork=True)
@@ -145,13 +155,13 @@ def test_a_spawning_server_serves_each_session_in_a_process_started_before_it(tm
             wait_for_keys(tracker.address, [server.key], 60, [server.proc])
             for _ in range(2):
                 deadline = time.monotonic() + 60
-                while not (before := session_processes(server)) and time.monotonic() < deadline:
+                while not (before := _session_processes(server)) and time.monotonic() < deadline:
                     time.sleep(0.1)
                 assert before, "no session process stands by for the next session"
                 sess = rpc.connect_tracker(*tracker.address).request(server.key, session_timeout=60)
                 assert sess.get_function("farm.device.name")("llvm").startswith("CPU ")
                 # One that stood by now works in the session's folder (a standby waits in the temp folder).
-                now = session_processes(server)
+                now = _session_processes(server)
                 assert [pid for pid in before if now.get(pid, tempfile.gettempdir()) != tempfile.gettempdir()]
                 del sess
         finally:

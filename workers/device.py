@@ -157,16 +157,21 @@ class ServerProcess:
         self.proc = spawn_module(args, log, env)
 
     def kill_sessions(self) -> None:
-        """End the server's session processes (a hung kernel); the server serves again."""
+        """End the server's session processes (a hung kernel), each with its own children; the
+        server serves again. A process of the server's that holds no TCP connection is not a
+        session: the standby that will serve the next one (workers.rpc_server.Standby) is kept,
+        or that session would wait seconds for a process to start."""
         import psutil
 
         try:
-            children = psutil.Process(self.proc.pid).children(recursive=True)
+            children = psutil.Process(self.proc.pid).children()
         except psutil.NoSuchProcess:
             return
         for child in children:
             try:
-                child.kill()
+                if child.net_connections("tcp"):
+                    for proc in [child, *child.children(recursive=True)]:
+                        proc.kill()
             except psutil.NoSuchProcess:
                 pass
 
