@@ -128,6 +128,7 @@ def tune(
         workers = workers or gpus
     workers = workers or 1
     with Client(db, in_process=True, log_dir=log_dir) as client:
+        client.prepare(spec, workers)  # Ray and the workers start while the job is checked and stored
         job = client.submit([wl], spec, trials, search=search, workers=workers, seed=seed, batch_size=batch_size)
         task = Task(wl, spec)
         console.print(f"job {job.id}: {task} — space of {task.space.size:,} configs ({task.template.name}), "

@@ -19,6 +19,7 @@ Progress streams from the database: LISTEN/NOTIFY on Postgres, polling on SQLite
 from __future__ import annotations
 
 import concurrent.futures as cf
+import logging
 import time
 from collections.abc import Sequence
 from functools import cached_property
@@ -29,9 +30,9 @@ import pandas as pd
 
 from db.engine import display_url
 from db.store import ResultStore, open_store
-from farm.core.errors import FarmError
+from farm.core.errors import FarmError, one_line
 from farm.core.jobspec import JobRequest
-from farm.core.targets import TargetSpec
+from farm.core.targets import TargetSpec, parse_target
 from farm.core.workloads import Workload
 from farm.export import export_job, job_records
 from farm.progress import JobProgress
@@ -39,6 +40,7 @@ from scheduler.pool import PoolFactory
 from scheduler.service import Scheduler
 
 FINAL = ("done", "failed", "cancelled")
+log = logging.getLogger("farm.client")
 
 
 class Job:
@@ -134,10 +136,24 @@ class Client:
                                    batch_size=batch_size, rpc_keys=rpc_keys, name=name)
         job = Job(self, self.store.submit(request))
         if self.in_process:
-            if self._runner is None:
-                self._runner = cf.ThreadPoolExecutor(1, thread_name_prefix="farm-in-process")
-            self._running[job.id] = self._runner.submit(self._run, job.id)
+            self._running[job.id] = self._in_runner().submit(self._run, job.id)
         return job
+
+    def prepare(self, target: str | dict[str, Any] | TargetSpec = "llvm", workers: int = 1) -> None:
+        """In process: start what a job on `workers` devices of `target` runs on (the local Ray
+        instance, the worker actors with their build processes and RPC servers) now, in the thread
+        that runs the jobs, while this one goes on (checking and submitting the job: TVM's import
+        and the task's space take seconds). A job of that shape submitted next finds them up. A
+        failure to start them is the job's: it fails with it when it runs. Nothing for a client
+        of a running farm, whose workers are up."""
+        if self.in_process:
+            spec = target if isinstance(target, TargetSpec) else parse_target(target)
+            self._in_runner().submit(self._prepare, {"target": spec.to_json(), "workers": workers})
+
+    def _in_runner(self) -> cf.ThreadPoolExecutor:
+        if self._runner is None:
+            self._runner = cf.ThreadPoolExecutor(1, thread_name_prefix="farm-in-process")
+        return self._runner
 
     def job(self, job_id: int) -> Job:
         job = Job(self, job_id)
@@ -148,9 +164,19 @@ class Client:
         return self.store.jobs(limit)
 
     def _run(self, job_id: int) -> str:
+        return self._scheduler_here().claim_and_run(job_id)
+
+    def _prepare(self, spec: dict[str, Any]) -> None:
+        try:
+            self._scheduler_here().pool_for(spec)
+        except Exception as e:  # the job meets it again, and fails with it
+            log.info("starting the workers ahead of the job failed: %s", one_line(e))
+
+    def _scheduler_here(self) -> Scheduler:
+        """The scheduler of this client's in-process jobs (made in the runner thread)."""
         if self._scheduler is None:
             self._scheduler = Scheduler(self.store, log_dir=self.log_dir, pool_factory=self.pool_factory)
-        return self._scheduler.claim_and_run(job_id)
+        return self._scheduler
 
     def _close_scheduler(self) -> None:
         if self._scheduler is not None:
