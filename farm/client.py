@@ -24,7 +24,7 @@ import time
 from collections.abc import Sequence
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pandas as pd
 
@@ -102,6 +102,17 @@ class Job:
         return Path(path)
 
 
+class _StoreOnUse:
+    """A client's store as its in-process scheduler holds it: opened when first used, so that the
+    workers started ahead of a job (`Client.prepare`) write nothing for a job refused next."""
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client.store, name)
+
+
 class Client:
     """A connection to a farm's database (see the module docstring).
 
@@ -175,7 +186,8 @@ class Client:
     def _scheduler_here(self) -> Scheduler:
         """The scheduler of this client's in-process jobs (made in the runner thread)."""
         if self._scheduler is None:
-            self._scheduler = Scheduler(self.store, log_dir=self.log_dir, pool_factory=self.pool_factory)
+            store = cast(ResultStore, _StoreOnUse(self))
+            self._scheduler = Scheduler(store, log_dir=self.log_dir, pool_factory=self.pool_factory)
         return self._scheduler
 
     def _close_scheduler(self) -> None:

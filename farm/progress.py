@@ -7,7 +7,7 @@ time elapsed. On a terminal these are live bars; when the output is not a termin
 log shows progress as it happens and nothing is cut to a terminal's width.
 
 Until the job's first trial arrives, the display says what the job waits for: queued for a
-scheduler, or starting, with the latest start-up step the scheduler logged in this process
+scheduler, or starting (queued or claimed), with the latest start-up step the scheduler logged in this process
 (logger "farm.scheduler", INFO: "Ray ready in 5.1 s", "2 llvm worker actor(s) up in ...", "task
 N: ... shard searches ... ready ..."). A job run by a scheduler elsewhere logs nothing here: the
 display then says only how long it has been starting.
@@ -156,7 +156,9 @@ class JobProgress:
         if not self._starting:
             return None
         elapsed = format_seconds(time.monotonic() - self._created)
-        if self._last_doc is not None and self._last_doc["status"] == "queued":
+        # A queued job for which this process logs start-up steps is about to be claimed here:
+        # `farm tune` starts its workers while the job is checked and stored (Client.prepare).
+        if self._last_doc is not None and self._last_doc["status"] == "queued" and self._step is None:
             return f"queued, {elapsed}: waiting for a scheduler to claim it"
         return f"starting, {elapsed}: {self._step or 'waiting for the first trial'}"
 
