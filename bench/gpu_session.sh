@@ -16,6 +16,7 @@
 #   warm        bench/e2e_throughput.py --warm-submit: farm submit to a running farm -> first trial
 #   maxpool     bench/e2e_throughput.py on max pool 64x64x112x112 3x3 s2: 64 trials, 1 GPU, E2E_SEEDS
 #               seeds, each timed as a whole, with its per-candidate overhead and timeline
+#   startup     bench/startup_parts.py: a farm tune's start-up steps, each in fresh processes
 #   bash bench/gpu_session.sh OUTDIR [STEP ...]      (TRIALS=300, MS_TRIALS=128 by default)
 # OUTDIR/DONE appears when every step has ended (for a session run in the background and
 # collected by bench/gpu_collect.sh).
@@ -28,6 +29,13 @@ E2E_TRIALS=${E2E_TRIALS:-500}; E2E_GPUS=${E2E_GPUS:-1 2}; E2E_SEEDS=${E2E_SEEDS:
 mkdir -p "$OUT"; rm -f "$OUT/DONE"
 export PYTHONPATH=${PYTHONPATH:-}:$PWD PYTHONUNBUFFERED=1
 nvidia-smi -L | tee "$OUT/gpu.txt"
+# The device bundles are staged without bytecode (../shared/device/make-bundles.sh: no
+# __pycache__, pip --no-compile). Compile it once, as `pip install` does on a real install, so that
+# no measured process compiles TVM's or Ray's sources on import (startup_parts: TVM's import and
+# the task's space took 6.4 s there, 0.8 s on a CPU machine with bytecode).
+python3 -c "import sys; print('dont_write_bytecode', sys.flags.dont_write_bytecode)" | tee -a "$OUT/gpu.txt"
+t0=$SECONDS; python3 -m compileall -q -j 0 ${PYTHONPATH//:/ } > /dev/null 2>&1
+echo "bytecode compiled in $((SECONDS - t0)) s" | tee -a "$OUT/gpu.txt"
 step() { local name=$1 limit=$2; shift 2; echo "== $name"; local t0=$SECONDS
   timeout "$limit" "$@" > >(tee "$OUT/$name.log") 2>&1; echo "== $name: exit $? in $((SECONDS - t0)) s"; }
 for s in $STEPS; do
@@ -57,6 +65,7 @@ for s in $STEPS; do
     maxpool) step maxpool 900 python3 bench/e2e_throughput.py --target cuda --workload pool2d \
                --params N=64 C=64 H=112 W=112 KH=3 KW=3 stride=2 pad=1 kind=max --trials 64 --gpus 1 \
                --seeds "$E2E_SEEDS" --out "$OUT/maxpool" --json "$OUT/maxpool.json" ;;
+    startup) step startup 300 python3 bench/startup_parts.py --repeats 3 --json "$OUT/startup.json" ;;
     *) echo "unknown step $s" >&2 ;;
   esac
 done
