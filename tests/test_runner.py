@@ -167,3 +167,32 @@ def test_a_spawning_server_serves_each_session_in_a_process_started_before_it(tm
         finally:
             server.stop()
     assert "standby session process was gone" not in (tmp_path / "server.log").read_text()
+
+
+def test_a_killed_server_is_started_again_and_registers_under_its_key(tmp_path: Path) -> None:
+    """kill -9 of a watched server (a device's, once registered): it is started again, registers
+    under the same key, and serves the next session; nothing of the killed one is left."""
+    import os
+    import signal
+    import time
+
+    import psutil
+
+    with LocalTracker(log=tmp_path / "tracker.log") as tracker:
+        server = ServerProcess(tracker.address, "test-restart", "llvm", log=tmp_path / "server.log", no_fork=True)
+        try:
+            wait_for_keys(tracker.address, [server.key], 60, [server.proc])
+            server.watch()
+            killed = psutil.Process(server.proc.pid)
+            group = [killed, *killed.children(recursive=True)]  # the server and its standby
+            os.kill(killed.pid, signal.SIGKILL)
+            deadline = time.monotonic() + 60
+            while server.restarts < 1 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert server.restarts == 1 and server.proc.pid != killed.pid
+            assert not psutil.wait_procs(group, timeout=10)[1]
+            wait_for_keys(tracker.address, [server.key], 60, [server.proc])
+            (result,) = _runner(server).measure(_matmul(32), [_export(tmp_path, "after-restart", 32)])
+            assert result.status is Status.OK, result.error
+        finally:
+            server.stop()

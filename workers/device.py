@@ -27,7 +27,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from farm.core.backoff import Backoff
@@ -110,6 +110,59 @@ def spawn_module(args: list[str], log: Path | None = None,
                                 start_new_session=True)  # a Ctrl-C in the terminal reaches the farm only
 
 
+class KeptRunning:
+    """A child process (`spawn()`, a `spawn_module` one) started again each time it ends (killed,
+    out of memory, crashed), until `stop()`: within `WATCH_SECONDS` of its end, its whole process
+    group killed first (what it started might hold its port). One that keeps ending is started
+    again less and less often (every 30 s at most); up `HEALTHY_SECONDS`, it counts as healthy
+    again and the next restart comes at once. The watchdog runs from `watch()` on."""
+
+    WATCH_SECONDS = 0.25
+    HEALTHY_SECONDS = 10.0
+
+    def __init__(self, what: str, spawn: Callable[[], subprocess.Popen[bytes]]) -> None:
+        self.what, self._spawn = what, spawn
+        self.proc = spawn()
+        self.restarts = 0  # by the watchdog
+        self._lock = threading.Lock()  # `proc`, between the watchdog and stop()
+        self._stopped = threading.Event()
+        self._watchdog: threading.Thread | None = None
+
+    def watch(self) -> None:
+        if self._watchdog is None and not self._stopped.is_set():
+            self._watchdog = threading.Thread(target=self._watch, daemon=True, name=f"farm-watch-{self.what}")
+            self._watchdog.start()
+
+    def _watch(self) -> None:
+        backoff = Backoff(1.0, 30.0)
+        started = time.monotonic()
+        delay = self.WATCH_SECONDS
+        while not self._stopped.wait(delay):
+            with self._lock:
+                if self._stopped.is_set():
+                    return
+                if not exited(self.proc):
+                    if time.monotonic() - started >= self.HEALTHY_SECONDS:
+                        backoff.reset()
+                    delay = self.WATCH_SECONDS
+                    continue
+                kill_group(self.proc)
+                self.restarts += 1
+                log.warning("%s ended (status %s); restarting it", self.what, self.proc.returncode)
+                self.proc = self._spawn()
+                started = time.monotonic()
+            delay = backoff.next()
+
+    def stop(self) -> None:
+        """End the process and its watchdog (it is not started again after this)."""
+        self._stopped.set()
+        with self._lock:
+            kill_group(self.proc)
+        if self._watchdog is not None and self._watchdog is not threading.current_thread():
+            self._watchdog.join()
+            self._watchdog = None
+
+
 def wait_for_keys(tracker: tuple[str, int], keys: list[str], timeout: float,
                   procs: Sequence[subprocess.Popen[bytes]] = ()) -> None:
     """Return once a free server is registered under each key; FarmError after `timeout`
@@ -140,7 +193,9 @@ def wait_for_keys(tracker: tuple[str, int], keys: list[str], timeout: float,
 
 
 class ServerProcess:
-    """The farm RPC server of one device, as a child process of this one."""
+    """The farm RPC server of one device, as a child process of this one. Once `watch()`ed (its
+    owner calls it when the server has registered), a server that ends is started again
+    (KeptRunning), and registers with the tracker again under its key."""
 
     def __init__(self, tracker: tuple[str, int], key: str, kind: str, gpu: str | None = None,
                  host: str = "127.0.0.1", log: Path | None = None, no_fork: bool | None = None) -> None:
@@ -154,7 +209,20 @@ class ServerProcess:
             args += ["--no-fork", "--kind", kind]  # a forked process fails its first CUDA allocation
         if gpu is not None:
             env["CUDA_VISIBLE_DEVICES"] = gpu
-        self.proc = spawn_module(args, log, env)
+        self._kept = KeptRunning(f"the RPC server for key {key}", functools.partial(spawn_module, args, log, env))
+
+    @property
+    def proc(self) -> subprocess.Popen[bytes]:
+        """The server's process now (another one after a restart)."""
+        return self._kept.proc
+
+    @property
+    def restarts(self) -> int:
+        return self._kept.restarts
+
+    def watch(self) -> None:
+        """Start it again whenever it ends, from now on, until `stop()`."""
+        self._kept.watch()
 
     def kill_sessions(self) -> None:
         """End the server's session processes (a hung kernel), each with its own children; the
@@ -176,59 +244,56 @@ class ServerProcess:
                 pass
 
     def stop(self) -> None:
-        kill_group(self.proc)
+        self._kept.stop()
 
 
 class LocalTracker:
     """A TVM RPC tracker on this machine, kept running until `stop()` (or leaving `with`).
 
     A watchdog thread restarts it on the same address when it ends (killed, out of memory):
-    within `WATCH_SECONDS`, plus its start-up (about 2 s, TVM's import). The farm's RPC servers
+    within `KeptRunning.WATCH_SECONDS`, plus its start-up (about 2 s, TVM's import). The farm's RPC servers
     register with the new one by themselves (workers.rpc_server), and a worker waits for a
     session only a few seconds (workers.runner). A tracker that keeps failing to start is tried
     again less and less often (every 30 s at most).
 
     It binds to `host` (127.0.0.1 by default: an RPC server executes whatever it is sent)."""
 
-    WATCH_SECONDS = 0.25
-    # Up this long, a restarted tracker counts as healthy again: the next restart comes at once.
-    HEALTHY_SECONDS = 10.0
-
     def __init__(self, host: str = "127.0.0.1", port: int = 0, log: Path | None = None) -> None:
         self.host, self.port, self.log = host, port, log
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.restarts = 0  # by the watchdog
-        self._lock = threading.Lock()  # `proc`, between the watchdog and stop()
-        self._stopped = threading.Event()
-        self._watchdog: threading.Thread | None = None
+        self._kept: KeptRunning | None = None
 
     @property
     def address(self) -> tuple[str, int]:
         return (self.host, self.port)
 
+    @property
+    def proc(self) -> subprocess.Popen[bytes] | None:
+        """The tracker's process now (another one after a restart); None before `start()`."""
+        return self._kept.proc if self._kept is not None else None
+
+    @property
+    def restarts(self) -> int:
+        return self._kept.restarts if self._kept is not None else 0
+
     def start(self, timeout: float = 30.0, wait: bool = True) -> LocalTracker:
         """Start it and its watchdog; with `wait`, return once it accepts connections (FarmError if
         it does not), else at once (its clients retry while it starts)."""
         self.port = self.port or free_port(self.host)
-        self._stopped.clear()
-        self.proc = self._spawn()
+        self._kept = KeptRunning(f"the RPC tracker on {self.host}:{self.port}", functools.partial(
+            spawn_module, ["tvm.exec.rpc_tracker", "--host", self.host, "--port", str(self.port),
+                           "--port-end", str(self.port + 1), "--silent"], self.log))
         if wait:
             self._wait_listening(timeout)
-        self._watchdog = threading.Thread(target=self._watch, daemon=True, name=f"farm-tracker-{self.port}")
-        self._watchdog.start()
+        self._kept.watch()
         return self
 
-    def _spawn(self) -> subprocess.Popen[bytes]:
-        return spawn_module(["tvm.exec.rpc_tracker", "--host", self.host, "--port", str(self.port),
-                             "--port-end", str(self.port + 1), "--silent"], self.log)
-
     def _wait_listening(self, timeout: float) -> None:
-        assert self.proc is not None
+        assert self._kept is not None
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if exited(self.proc):
+            if exited(self._kept.proc):
                 self.stop()
-                raise FarmError(f"the RPC tracker exited with status {self.proc.returncode}")
+                raise FarmError(f"the RPC tracker exited with status {self._kept.proc.returncode}")
             with socket.socket() as s:
                 if s.connect_ex((self.host, self.port)) == 0:
                     return
@@ -236,39 +301,10 @@ class LocalTracker:
         self.stop()
         raise FarmError(f"the RPC tracker did not listen on {self.host}:{self.port} within {timeout:.0f} s")
 
-    def _watch(self) -> None:
-        """The watchdog: restart the tracker each time it has ended, until `stop()`."""
-        backoff = Backoff(1.0, 30.0)
-        started = time.monotonic()
-        delay = self.WATCH_SECONDS
-        while not self._stopped.wait(delay):
-            with self._lock:
-                if self._stopped.is_set():
-                    return
-                assert self.proc is not None
-                if not exited(self.proc):
-                    if time.monotonic() - started >= self.HEALTHY_SECONDS:
-                        backoff.reset()
-                    delay = self.WATCH_SECONDS
-                    continue
-                # Its whole group: a serving process left behind would hold the port.
-                kill_group(self.proc)
-                self.restarts += 1
-                log.warning("the RPC tracker on %s:%d ended (status %s); restarting it", self.host, self.port,
-                            self.proc.returncode)
-                self.proc = self._spawn()
-                started = time.monotonic()
-            delay = backoff.next()
-
     def stop(self) -> None:
         """End the tracker and its watchdog (the tracker is not restarted after this)."""
-        self._stopped.set()
-        with self._lock:
-            if self.proc is not None:
-                kill_group(self.proc)
-        if self._watchdog is not None and self._watchdog is not threading.current_thread():
-            self._watchdog.join()
-            self._watchdog = None
+        if self._kept is not None:
+            self._kept.stop()
 
     def __enter__(self) -> LocalTracker:
         return self.start()
@@ -341,6 +377,8 @@ class LocalDevice:
         try:
             wait_for_keys(self.tracker_address, [self.key], self.register_timeout,  # type: ignore[arg-type]
                           [self.server.proc] if self.server else [])
+            if self.server is not None:  # registered once: from now on a server that ends is started again
+                self.server.watch()
             worker.runner.warm()
             self._registered.set_result(None)
         except BaseException as e:
