@@ -181,12 +181,15 @@ class RayWorkerPool:
             return RaySearches(self._search_actors, search, task, seed, measured)
 
     def _new_search_actors(self) -> list[Any]:
-        """One new SearchActor per worker, on the scheduler's node where it can be (searching is the
-        scheduler's work; a GPU node may leave the cluster mid-job, and its actors with it)."""
+        """One new SearchActor per worker, on the scheduler's node (searching is the scheduler's
+        work; a GPU node may leave the cluster mid-job, and its actors with it). The placement is
+        strict: a soft one put a search on a GPU host that was then cut off, and the job failed
+        with that actor's death. The scheduler's node always has room: it is a Ray node (the
+        driver's), and a search takes no CPU resource."""
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
         remote = ray.remote(SearchActor).options(num_cpus=0, scheduling_strategy=here)
         return [remote.remote() for _ in self.actors]
 
