@@ -199,10 +199,11 @@ class Standby:
         return self._proc.exitcode  # type: ignore[no-any-return]
 
 
-def _install(kind: str | None) -> None:
+def _install(standby: bool) -> None:
     """Runs once in the server process before it serves: route sessions through `serve_loop`, keep
-    serving after a session process crashed, and wait for a tracker that went away; with `kind`
-    (--no-fork), serve each session in a process spawned ahead of it (Standby)."""
+    serving after a session process crashed, and wait for a tracker that went away; with
+    `standby` (--no-fork), serve each session in a process spawned ahead of it (Standby, whose
+    first process main() spawned)."""
     import os
     import types
 
@@ -226,10 +227,7 @@ def _install(kind: str | None) -> None:
     server._serve_loop = rpc_server.serve_loop
     server._serving = serving_survives_crashes
     base.connect_with_retry = rpc_server.connect_to_tracker
-    if kind is not None:
-        rpc_server.Standby.kind = kind
-        if rpc_server.Standby._next is None:  # main() spawned the first one before importing TVM
-            rpc_server.Standby.spawn()
+    if standby:
         # What the session code calls `multiprocessing.Process` (it is the module's only use after start-up).
         server.multiprocessing = types.SimpleNamespace(Process=rpc_server.Standby)
 
@@ -258,7 +256,7 @@ def main(argv: list[str] | None = None) -> None:
     from tvm.rpc import server
 
     host, port = args.tracker.rsplit(":", 1)
-    _install(kind)
+    _install(kind is not None)
     while True:
         # TVM's rpc.Server runs this state in a child process of its own, which imports TVM again
         # (seconds on a busy GPU node, before the server can register); here it runs in this one.
