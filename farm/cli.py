@@ -109,15 +109,17 @@ def tune(
     """Tune one kernel end to end on this machine: starts an RPC tracker and servers, measures
     TRIALS candidates, stores every result in the database, prints and exports the best."""
     from farm.client import Client
+    from farm.core.jobspec import JobRequest
     from farm.core.targets import parse_target
     from farm.core.task import Task
     from workers.device import gpu_count
 
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(message)s")
-    # Validate everything before anything is written or started.
+    # Validate everything before anything is written; what needs TVM (the target's attributes,
+    # the task's space) is checked by `submit`, while Ray and the workers start (`prepare`).
     wl = _one_workload(kernel)
-    spec = parse_target(target)
+    spec = parse_target(target, check_with_tvm=False)
     if export is not None:
         require_folder_of(export)
     if spec.is_gpu:
@@ -127,9 +129,11 @@ def tune(
                             "or run on a machine with an NVIDIA GPU")
         workers = workers or gpus
     workers = workers or 1
+    options = {"search": search, "workers": workers, "seed": seed, "batch_size": batch_size}
+    JobRequest.build([wl], target, trials, **options, with_tvm=False)  # FarmError before anything starts
     with Client(db, in_process=True, log_dir=log_dir) as client:
         client.prepare(spec, workers)  # Ray and the workers start while the job is checked and stored
-        job = client.submit([wl], spec, trials, search=search, workers=workers, seed=seed, batch_size=batch_size)
+        job = client.submit([wl], target, trials, **options)
         task = Task(wl, spec)
         console.print(f"job {job.id}: {task} — space of {task.space.size:,} configs ({task.template.name}), "
                       f"{trials} trials on {workers} {spec.kind} worker(s)", markup=False, highlight=False)
