@@ -112,6 +112,7 @@ def tune(
     from farm.core.jobspec import JobRequest
     from farm.core.targets import parse_target
     from farm.core.task import Task
+    from farm.core.tvm_import import import_tvm
     from workers.device import gpu_count
 
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
@@ -133,6 +134,7 @@ def tune(
     JobRequest.build([wl], target, trials, **options, with_tvm=False)  # FarmError before anything starts
     with Client(db, in_process=True, log_dir=log_dir) as client:
         client.prepare(spec, workers)  # Ray and the workers start while the job is checked and stored
+        import_tvm()  # before the job's thread could: see farm.core.tvm_import
         job = client.submit([wl], target, trials, **options)
         task = Task(wl, spec)
         console.print(f"job {job.id}: {task} — space of {task.space.size:,} configs ({task.template.name}), "
@@ -165,7 +167,9 @@ def submit(
 ) -> None:
     """Queue a job for the farm's schedulers (`farm scheduler`) and print its id."""
     from farm.client import Client
+    from farm.core.tvm_import import import_tvm
 
+    import_tvm()  # the job's check needs it (see farm.core.tvm_import)
     parsed = _parse_workloads(workloads)
     with Client(db, in_process=False) as client:
         job = client.submit(parsed, target, trials, search=search, workers=workers, seed=seed,
@@ -221,9 +225,11 @@ def scheduler(
 ) -> None:
     """Run the scheduler service: claim queued jobs and run them on worker actors, one per device."""
     from farm.core import metrics
+    from farm.core.tvm_import import import_tvm
     from scheduler.service import Scheduler
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    import_tvm()  # the jobs' tasks need it (see farm.core.tvm_import)
     address = _host_port(tracker) if tracker else None
     store = _open_store(db)
     wanted = metrics.scheduler_port() if metrics_port is None else metrics_port

@@ -30,6 +30,7 @@ from farm.core.errors import one_line
 from farm.core.measure import MeasureResult
 from farm.core.search import SearchStrategy, search_class
 from farm.core.task import Task
+from farm.core.tvm_import import import_tvm
 from scheduler.pool import MAX_CALLS
 from scheduler.shards import shard_search
 from workers.actor import WorkerActor
@@ -224,7 +225,7 @@ class SearchActor:
         """Imports TVM: a task's space needs it (its template's loop extents), and the actor is
         created with the pool, so the import overlaps the worker actors' start instead of
         delaying the first task's proposals."""
-        import tvm  # noqa: F401 - the import is the point
+        import_tvm()
 
         self.strategy: SearchStrategy | None = None
         self.model_id: int | None = None

@@ -46,6 +46,7 @@ from farm.core.errors import one_line
 from farm.core.measure import Status
 from farm.core.targets import TargetSpec
 from farm.core.task import Task
+from farm.core.tvm_import import import_tvm
 
 log = logging.getLogger("farm.builder")
 
@@ -250,16 +251,10 @@ def _first_error(stderr: str) -> str:
 
 
 def _init_pool_process() -> None:
-    # Each compile is single-threaded: the pool provides the parallelism.
+    """A build process's start: TVM imported (without torch: farm.core.tvm_import), single-threaded
+    (the pool provides the parallelism)."""
     os.environ.setdefault("TVM_NUM_THREADS", "1")
-
-
-def _warm_process(nvcc: bool) -> None:
-    """Import TVM in a build process; with `nvcc`, also warm the CUDA toolchain (warm_nvcc)."""
-    import tvm  # noqa: F401 - the import is the point
-
-    if nvcc:
-        warm_nvcc()
+    import_tvm()
 
 
 def warm_nvcc() -> float | None:
@@ -316,11 +311,13 @@ BuildFunction = Callable[[str, int, str], BuildResult]
 
 def _serve(conn: Connection, build: BuildFunction) -> None:
     """A build process: `build` each (task_json, index, out_dir) it is sent and send the
-    BuildResult back; ("warm", nvcc) imports TVM (and runs nvcc once); None ends it."""
+    BuildResult back; ("warm", nvcc) answers once TVM is imported (and nvcc has run once, with
+    `nvcc`); None ends it."""
     _init_pool_process()
     while (message := conn.recv()) is not None:
         if message[0] == "warm":
-            _warm_process(message[1])
+            if message[1]:
+                warm_nvcc()
             conn.send(None)
         else:
             conn.send(build(*message))

@@ -40,6 +40,10 @@ def main(argv: list[str]) -> None:
         sys.exit("usage: python -m workers.lifeline PARENT_PID MODULE [ARGS ...]")
     parent, module, args = int(argv[0]), argv[1], argv[2:]
     threading.Thread(target=_watch, args=(parent,), daemon=True, name="farm-lifeline").start()
+    if module.split(".")[0] == "tvm":
+        from farm.core.tvm_import import import_tvm
+
+        import_tvm()
     sys.argv = [module, *args]
     runpy.run_module(module, run_name="__main__", alter_sys=True)
 

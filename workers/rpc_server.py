@@ -42,6 +42,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from farm.core.tvm_import import import_tvm
+
 log = logging.getLogger("farm.rpc_server")
 
 TRACKER_RETRY_SECONDS = 0.5
@@ -127,8 +129,7 @@ def _standby(conn: Any, kind: str) -> None:
     import os
     import tempfile
 
-    import tvm
-
+    tvm = import_tvm()
     # It was spawned from the last session's folder, which that session removes when it ends.
     os.chdir(tempfile.gettempdir())
     if kind == "cuda":
@@ -253,6 +254,7 @@ def main(argv: list[str] | None = None) -> None:
         rpc_server.Standby.kind = kind
         rpc_server.Standby.spawn()
 
+    import_tvm()
     from tvm.rpc import server
 
     host, port = args.tracker.rsplit(":", 1)

@@ -1,0 +1,47 @@
+"""farm.core.tvm_import: TVM is imported without torch in the farm's processes, and torch stays
+importable after it. A stand-in torch package on the path records when it is imported, then
+raises ImportError (tvm_ffi takes that as "no torch"; a real torch works as well)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+_REPO = Path(__file__).resolve().parent.parent
+
+CHECK = """
+import sys
+from pathlib import Path
+mark = Path(sys.argv[1])
+{first}
+print("after tvm:", mark.exists())
+try:
+    import torch
+except ImportError as e:
+    print("after torch:", mark.exists(), e)
+"""
+
+
+def _run(tmp_path: Path, first: str) -> str:
+    (tmp_path / "torch").mkdir(exist_ok=True)
+    (tmp_path / "torch" / "__init__.py").write_text(
+        "import sys\nfrom pathlib import Path\nPath(sys.argv[1]).write_text('imported')\n"
+        "raise ImportError('the stand-in torch')\n")
+    mark = tmp_path / "mark"
+    mark.unlink(missing_ok=True)
+    env = {"PYTHONPATH": f"{tmp_path}:{_REPO}", "PATH": "/usr/bin:/bin"}
+    proc = subprocess.run([sys.executable, "-c", CHECK.format(first=first), str(mark)], capture_output=True,
+                          text=True, env=env, cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def test_tvm_alone_imports_torch_when_it_is_there(tmp_path: Path) -> None:
+    # What import_tvm avoids: tvm_ffi imports torch at its own import.
+    assert _run(tmp_path, "import tvm").splitlines() == ["after tvm: True", "after torch: True the stand-in torch"]
+
+
+def test_import_tvm_leaves_torch_out_and_importable(tmp_path: Path) -> None:
+    first = "from farm.core.tvm_import import import_tvm\ntvm = import_tvm()\nassert tvm.runtime"
+    assert _run(tmp_path, first).splitlines() == ["after tvm: False", "after torch: True the stand-in torch"]
