@@ -65,7 +65,7 @@ for s in $STEPS; do
     maxpool) step maxpool 900 python3 bench/e2e_throughput.py --target cuda --workload pool2d \
                --params N=64 C=64 H=112 W=112 KH=3 KW=3 stride=2 pad=1 kind=max --trials 64 --gpus 1 \
                --seeds "$E2E_SEEDS" --out "$OUT/maxpool" --json "$OUT/maxpool.json" ;;
-    startup) step startup 300 python3 bench/startup_parts.py --repeats 3 --json "$OUT/startup.json" ;;
+    startup) step startup 300 python3 bench/startup_parts.py --repeats "${STARTUP_REPEATS:-3}" --json "$OUT/startup.json" ;;
     *) echo "unknown step $s" >&2 ;;
   esac
 done

@@ -6,7 +6,8 @@ Each part runs as its own `python -c` process (cold, as `farm tune` meets it), `
 printed: the median and the spread of its seconds, measured inside the process (interpreter
 start-up excluded; it is printed as its own part). The parts are the steps `farm tune` takes
 before its first candidate is built: the interpreter, the farm's imports, nvidia-smi (GPU count),
-the task's space, the local Ray instance (`scheduler.cluster.init_ray`, then `stop_ray`; also
+TVM's import (as it comes, and as the farm's processes import it: without torch), the task's
+space, the local Ray instance (`scheduler.cluster.init_ray`, then `stop_ray`; also
 without the workers Ray prestarts, one per core), and a Ray actor that imports TVM.
 """
 
@@ -26,7 +27,10 @@ PARTS = {
     "interpreter": "pass",
     "farm imports": "import farm.cli, farm.client, farm.core.task, scheduler.service, workers.device",
     "nvidia-smi (GPU count)": "from workers.device import gpu_count; gpu_count()",
-    "task space": "from farm.core.task import Task; from farm.core.workloads import make_workload; "
+    "import tvm, as it comes (with torch where installed)": "import tvm",
+    "import tvm as the farm does (farm.core.tvm_import)": "from farm.core.tvm_import import import_tvm; import_tvm()",
+    "task space": "from farm.core.tvm_import import import_tvm; import_tvm()\n"
+                  "from farm.core.task import Task; from farm.core.workloads import make_workload; "
                   "from farm.core.targets import parse_target; Task(make_workload({wl!r}, {{}}), "
                   "parse_target({target!r})).space.size",
     "ray start + stop": "from scheduler.cluster import init_ray, stop_ray; init_ray(); stop_ray()",
@@ -35,7 +39,8 @@ PARTS = {
         "from scheduler.cluster import init_ray, stop_ray; init_ray(); stop_ray()"),
     "ray start + an actor importing TVM": (
         "import ray; from scheduler.cluster import init_ray, stop_ray; init_ray()\n"
-        "@ray.remote\nclass A:\n    def __init__(self):\n        import tvm  # noqa\n"
+        "@ray.remote\nclass A:\n    def __init__(self):\n"
+        "        from farm.core.tvm_import import import_tvm; import_tvm()\n"
         "    def ok(self):\n        return 1\n"
         "ray.get(A.remote().ok.remote()); stop_ray()"),
 }
