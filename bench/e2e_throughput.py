@@ -81,23 +81,27 @@ def warm_submit(args: argparse.Namespace) -> dict[str, Any]:
                                stdout=log, stderr=subprocess.STDOUT)
     store = open_store(url)
 
-    def submit(seed: int) -> tuple[int, float]:
+    def submit(seed: int) -> tuple[int, float, float]:
+        """The job's id, when `farm submit` started (epoch seconds), and how long its process ran."""
         submitted = time.time()
         job_id = int(subprocess.run([*farm, "submit", *job, "--seed", str(seed)], capture_output=True, text=True,
                                     check=True).stdout.split()[0])
+        process = time.time() - submitted
         while store.job_status(job_id) not in ("done", "failed", "cancelled"):
             time.sleep(0.05)
-        return job_id, submitted
+        return job_id, submitted, process
 
     try:
         submit(0)  # brings the workers, servers, sessions and build processes up
-        seconds = []
+        seconds, processes = [], []
         for seed in range(1, args.warm_jobs + 1):
-            job_id, submitted = submit(seed)
+            job_id, submitted, process = submit(seed)
             first = store.trials(job_id=job_id)["created_at"].min().timestamp() - submitted
-            print(f"warm farm submit {seed}: first trial {first:.2f} s after `farm submit` started", flush=True)
+            print(f"warm farm submit {seed}: first trial {first:.2f} s after `farm submit` started "
+                  f"(its process: {process:.2f} s)", flush=True)
             seconds.append(first)
-        return {"submit_to_first_trial_s": seconds}
+            processes.append(process)
+        return {"submit_to_first_trial_s": seconds, "submit_process_s": processes}
     finally:
         service.terminate()
         service.wait(60)

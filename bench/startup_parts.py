@@ -6,9 +6,10 @@ Each part runs as its own `python -c` process (cold, as `farm tune` meets it), `
 printed: the median and the spread of its seconds, measured inside the process (interpreter
 start-up excluded; it is printed as its own part). The parts are the steps `farm tune` takes
 before its first candidate is built: the interpreter, the farm's imports, nvidia-smi (GPU count),
-TVM's import (as it comes, and as the farm's processes import it: without torch), the task's
-space, the local Ray instance (`scheduler.cluster.init_ray`, then `stop_ray`; also
-without the workers Ray prestarts, one per core), and a Ray actor that imports TVM.
+TVM's import (as it comes, and as the farm's processes import it: without torch), the job's
+checks (`farm submit` makes only these: no TVM), the local Ray instance
+(`scheduler.cluster.init_ray`, then `stop_ray`; also without the workers Ray prestarts, one per
+core), and a Ray actor that imports TVM.
 """
 
 from __future__ import annotations
@@ -29,10 +30,8 @@ PARTS = {
     "nvidia-smi (GPU count)": "from workers.device import gpu_count; gpu_count()",
     "import tvm, as it comes (with torch where installed)": "import tvm",
     "import tvm as the farm does (farm.core.tvm_import)": "from farm.core.tvm_import import import_tvm; import_tvm()",
-    "task space": "from farm.core.tvm_import import import_tvm; import_tvm()\n"
-                  "from farm.core.task import Task; from farm.core.workloads import make_workload; "
-                  "from farm.core.targets import parse_target; Task(make_workload({wl!r}, {{}}), "
-                  "parse_target({target!r})).space.size",
+    "the job's checks (JobRequest.build: target, workload, space; no TVM)": (
+        "from farm.core.jobspec import JobRequest; JobRequest.build([{wl!r}], {target!r}, 500)"),
     "ray start + stop": "from scheduler.cluster import init_ray, stop_ray; init_ray(); stop_ray()",
     "ray start + stop, no prestarted workers": (
         "import os; os.environ['RAY_enable_worker_prestart'] = '0'\n"

@@ -117,10 +117,9 @@ def tune(
 
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(message)s")
-    # Validate everything before anything is written; what needs TVM (the target's attributes,
-    # the task's space) is checked by `submit`, while Ray and the workers start (`prepare`).
+    # Validate everything before anything starts or is written (no TVM needed for that).
     wl = _one_workload(kernel)
-    spec = parse_target(target, check_with_tvm=False)
+    spec = parse_target(target)
     if export is not None:
         require_folder_of(export)
     if spec.is_gpu:
@@ -131,10 +130,10 @@ def tune(
         workers = workers or gpus
     workers = workers or 1
     options = {"search": search, "workers": workers, "seed": seed, "batch_size": batch_size}
-    JobRequest.build([wl], target, trials, **options, with_tvm=False)  # FarmError before anything starts
+    JobRequest.build([wl], target, trials, **options)
     with Client(db, in_process=True, log_dir=log_dir) as client:
-        client.prepare(spec, workers)  # Ray and the workers start while the job is checked and stored
-        import_tvm()  # before the job's thread could: see farm.core.tvm_import
+        client.prepare(spec, workers)  # Ray and the workers start while the job is stored
+        import_tvm()  # before the job's thread could (its cost model reads kernels): see farm.core.tvm_import
         job = client.submit([wl], target, trials, **options)
         task = Task(wl, spec)
         console.print(f"job {job.id}: {task} — space of {task.space.size:,} configs ({task.template.name}), "
@@ -167,9 +166,7 @@ def submit(
 ) -> None:
     """Queue a job for the farm's schedulers (`farm scheduler`) and print its id."""
     from farm.client import Client
-    from farm.core.tvm_import import import_tvm
 
-    import_tvm()  # the job's check needs it (see farm.core.tvm_import)
     parsed = _parse_workloads(workloads)
     with Client(db, in_process=False) as client:
         job = client.submit(parsed, target, trials, search=search, workers=workers, seed=seed,

@@ -24,9 +24,7 @@ import time
 from collections.abc import Sequence
 from functools import cached_property
 from pathlib import Path
-from typing import Any, cast
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any, cast
 
 from db.engine import display_url
 from db.store import ResultStore, open_store
@@ -38,6 +36,9 @@ from farm.export import export_job, job_records
 from farm.progress import JobProgress
 from scheduler.pool import PoolFactory
 from scheduler.service import Scheduler
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 FINAL = ("done", "failed", "cancelled")
 log = logging.getLogger("farm.client")

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from farm.core.errors import FarmError
 from farm.core.workloads import PRESETS, WORKLOADS, make_workload, parse_assignments
@@ -94,3 +98,35 @@ def test_costs() -> None:
     assert rc.flops() == 2 * 512 * 7 * 7 * 512 * 9
     assert rc.bytes() == (512 * 49 + 512 * 512 * 9 + 512 * 49) * 4
     assert make_workload("spio-grouped").bytes() % 2 == 0
+
+
+def _tvm_compute_extents(wl: Any) -> tuple[int, ...]:
+    from farm.core.templates.base import new_schedule
+
+    sch = new_schedule(wl)
+    return tuple(int(sch.get(loop).extent) for loop in sch.get_loops(sch.get_sblock("compute")))
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_compute_extents_are_what_tvm_builds_for_every_preset(name: str) -> None:
+    wl = make_workload(name)
+    assert wl.compute_extents() == _tvm_compute_extents(wl)
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_compute_extents_are_what_tvm_builds(data: st.DataObject) -> None:
+    """Templates size their spaces from Workload.compute_extents, without TVM: it must be what
+    TVM's schedule of the workload shows, for every workload and any parameters."""
+    name = data.draw(st.sampled_from(sorted(WORKLOADS)))
+    params = {p.name: data.draw(st.integers(p.minimum, 12)) for p in WORKLOADS[name].params if p.choices is None}
+    if name == "pool2d":
+        params["kind"] = data.draw(st.sampled_from(["max", "avg"]))
+    if name == "group_conv2d_nchw":
+        params["CI"] *= params["groups"]
+        params["CO"] *= params["groups"]
+    try:
+        wl = make_workload(name, params)
+    except FarmError:  # a window larger than the input and the like: no kernel to compare
+        return
+    assert wl.compute_extents() == _tvm_compute_extents(wl)

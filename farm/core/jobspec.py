@@ -56,8 +56,7 @@ class JobRequest:
     @classmethod
     def build(cls, workloads: Sequence[str | Workload | tuple[str, dict[str, Any]]],
               target: str | dict[str, Any] | TargetSpec, trials: int, *, search: str = "xgb", workers: int = 1,
-              seed: int = 0, batch_size: int = 16, rpc_keys: Sequence[str] = (), name: str = "",
-              with_tvm: bool = True) -> JobRequest:
+              seed: int = 0, batch_size: int = 16, rpc_keys: Sequence[str] = (), name: str = "") -> JobRequest:
         """Validate everything (raises FarmError with one clear line) and return the request.
 
         The one place a job spec is checked, before anything is written: a workload is a
@@ -69,14 +68,13 @@ class JobRequest:
         printable characters. Every task must have a template whose space is within
         farm.core.space's bounds. Booleans are not integers here, nor a string a list.
 
-        Without `with_tvm`, the two checks that import TVM (seconds in a fresh process) are left
-        out: the target's attributes as TVM knows them, and each task's space (its template is
-        still required). `farm tune` makes them while its workers start.
+        Nothing here imports TVM (seconds in a fresh process): targets are checked against the
+        farm's table of TVM's attributes, spaces sized from the workloads' own extents.
         """
         wls = [_workload(w) for w in _sequence(workloads, "workloads", MAX_WORKLOADS)]
         if not wls:
             raise FarmError("a job needs at least one workload")
-        spec = parse_target(target, check_with_tvm=with_tvm)
+        spec = parse_target(target)
         _integer(trials, "trials", 1, MAX_TRIALS)
         _integer(workers, "workers", 1, MAX_WORKERS)
         _integer(batch_size, "batch size", 1, MAX_BATCH_SIZE)
@@ -93,7 +91,7 @@ class JobRequest:
                       name or ("tune " + ", ".join(str(w) for w in wls))[:MAX_NAME_CHARS])
         for task in request.tasks:
             # FarmError when no template exists for the target, or its space is out of bounds.
-            task.space if with_tvm else task.template  # noqa: B018
+            task.space  # noqa: B018
         return request
 
     @property

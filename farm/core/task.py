@@ -50,10 +50,8 @@ class Task:
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> Task:
-        """A task the farm stored or sent (`to_json`, or a task row's workload and target): its
-        target was checked with TVM when its job was submitted, so it is not again here, and a
-        process that only searches (scheduler.ray_pool.SearchActor) never imports TVM."""
-        return cls(workload_from_json(doc["workload"]), parse_target(doc["target"], check_with_tvm=False))
+        """A task the farm stored or sent (`to_json`, or a task row's workload and target)."""
+        return cls(workload_from_json(doc["workload"]), parse_target(doc["target"]))
 
     def __str__(self) -> str:
         return f"{self.workload} on {self.target}"

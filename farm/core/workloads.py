@@ -79,7 +79,11 @@ class WorkloadDef:
     `check` raises FarmError for parameter combinations that have no valid kernel;
     `build_te` returns the function's arguments (inputs then output);
     `reference` computes the output in float64 from the inputs;
-    `flops` and `bytes` count useful operations and compulsory memory traffic.
+    `reduce_extents` are the extents of the ``compute`` stage's reduction axes, in the order
+    `build_te` declares them (its spatial axes are the output's), so that templates size their
+    spaces without building the TE (TVM's import takes seconds in a fresh process; tests check
+    both agree); `ops_per_point` counts the operations per output point and reduction step
+    (2 for a multiply-add, 1 for pooling's max or sum), from which `flops` follows.
     """
 
     name: str
@@ -90,7 +94,8 @@ class WorkloadDef:
     output_shape: Callable[[Mapping[str, Any]], tuple[int, ...]]
     build_te: Callable[[Mapping[str, Any]], list[Any]]
     reference: Callable[[Mapping[str, Any], list[np.ndarray]], np.ndarray]
-    flops: Callable[[Mapping[str, Any]], int]
+    reduce_extents: Callable[[Mapping[str, Any]], tuple[int, ...]]
+    ops_per_point: int
 
 
 @dataclass(frozen=True)
@@ -134,8 +139,13 @@ class Workload:
 
         return te.create_prim_func(self.build_te())
 
+    def compute_extents(self) -> tuple[int, ...]:
+        """The ``compute`` stage's loop extents before any scheduling: spatial (the output's
+        shape), then reduction; what TVM's schedule of `prim_func` shows, without TVM."""
+        return (*self.output_shape(), *self.definition.reduce_extents(self.p))
+
     def flops(self) -> int:
-        return self.definition.flops(self.p)
+        return self.definition.ops_per_point * math.prod(self.compute_extents())
 
     def bytes(self) -> int:
         """Compulsory memory traffic: every input read once, the output written once."""
@@ -412,7 +422,8 @@ WORKLOADS: dict[str, WorkloadDef] = {
             output_shape=_conv_out,
             build_te=_conv2d_te,
             reference=_conv2d_ref,
-            flops=lambda p: 2 * int(np.prod(_conv_out(p))) * p["CI"] * p["KH"] * p["KW"],
+            reduce_extents=lambda p: (p["CI"], p["KH"], p["KW"]),
+            ops_per_point=2,
         ),
         WorkloadDef(
             name="depthwise_conv2d_nchw",
@@ -426,7 +437,8 @@ WORKLOADS: dict[str, WorkloadDef] = {
             output_shape=_dw_out,
             build_te=_dw_te,
             reference=_dw_ref,
-            flops=lambda p: 2 * int(np.prod(_dw_out(p))) * p["KH"] * p["KW"],
+            reduce_extents=lambda p: (p["KH"], p["KW"]),
+            ops_per_point=2,
         ),
         WorkloadDef(
             name="pool2d",
@@ -439,7 +451,8 @@ WORKLOADS: dict[str, WorkloadDef] = {
             output_shape=_pool_out,
             build_te=_pool_te,
             reference=_pool_ref,
-            flops=lambda p: int(np.prod(_pool_out(p))) * p["KH"] * p["KW"],
+            reduce_extents=lambda p: (p["KH"], p["KW"]),
+            ops_per_point=1,
         ),
         WorkloadDef(
             name="group_conv2d_nchw",
@@ -452,8 +465,8 @@ WORKLOADS: dict[str, WorkloadDef] = {
             output_shape=lambda p: _conv_out({**p, "dilation": 1}),
             build_te=_group_te,
             reference=_group_ref,
-            flops=lambda p: 2 * int(np.prod(_conv_out({**p, "dilation": 1})))
-            * (p["CI"] // p["groups"]) * p["KH"] * p["KW"],
+            reduce_extents=lambda p: (p["CI"] // p["groups"], p["KH"], p["KW"]),
+            ops_per_point=2,
         ),
         WorkloadDef(
             name="matmul",
@@ -464,7 +477,8 @@ WORKLOADS: dict[str, WorkloadDef] = {
             output_shape=lambda p: (p["M"], p["N"]),
             build_te=_matmul_te,
             reference=lambda p, xs: xs[0] @ xs[1],
-            flops=lambda p: 2 * p["M"] * p["N"] * p["K"],
+            reduce_extents=lambda p: (p["K"],),
+            ops_per_point=2,
         ),
     )
 }

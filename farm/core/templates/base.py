@@ -77,8 +77,8 @@ def shared_memory_error(smem: int, target: TargetSpec) -> str | None:
 
 
 def axis_extents(wl: Workload, axes: Sequence[str]) -> dict[str, int]:
-    """The extents of the workload's compute axes (compute_extents), keyed by `axes`' names."""
-    return dict(zip(axes, compute_extents(wl), strict=True))
+    """The extents of the workload's compute axes (Workload.compute_extents: no TVM), keyed by `axes`' names."""
+    return dict(zip(axes, wl.compute_extents(), strict=True))
 
 
 def has_block(sch: Any, name: str) -> bool:
@@ -88,16 +88,6 @@ def has_block(sch: Any, name: str) -> bool:
     except Exception:  # s_tir raises a ScheduleError subclass of TVMError
         return False
     return True
-
-
-def loop_extents(sch: Any, block: Any) -> list[int]:
-    return [int(sch.get(loop).extent) for loop in sch.get_loops(block)]
-
-
-def compute_extents(wl: Workload) -> list[int]:
-    """Extents of the ``compute`` block's loops, spatial then reduction, before any scheduling."""
-    sch = new_schedule(wl)
-    return loop_extents(sch, sch.get_sblock("compute"))
 
 
 def split_skipping_units(

@@ -30,7 +30,6 @@ from farm.core.templates.base import (
     CUDA_MAX_GRID_DIM,
     Template,
     annotate_unroll,
-    compute_extents,
     cooperative_fetch,
     dtype_bytes,
     has_block,
@@ -44,7 +43,7 @@ from farm.core.workloads import Workload
 
 class CudaDepthwise(Template, name="cuda.depthwise", kind="cuda", workloads=("depthwise_conv2d_nchw",)):
     def space(self, wl: Workload, target: TargetSpec) -> ConfigSpace:
-        _, _, oh, ow, kh, kw = compute_extents(wl)
+        _, _, oh, ow, kh, kw = wl.compute_extents()
         return ConfigSpace([
             SplitKnob("tile_y", oh, 3),
             SplitKnob("tile_x", ow, 3),
