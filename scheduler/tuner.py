@@ -50,9 +50,10 @@ log = logging.getLogger("farm.scheduler")
 # Candidates per call to a worker: results come back a few at a time (progress moves per few
 # trials; a slow compile delays only its chunk's results), and a call costs about a millisecond.
 CHUNK = 4
-# Candidates in each worker's first chunk of a task: the first result is stored seconds after
-# the workers are up, while the chunks behind it compile.
-FIRST_BATCH = 2
+# A worker's first chunks of a task hold one candidate each, so the first result is stored as
+# soon as any one of them has compiled, not the slowest of a chunk (the first, unguided configs of
+# resnet-last-conv took 1 to 13 s each to compile on the H200 host), while the chunks behind compile.
+FIRST_SINGLES = 4
 # A config whose worker died under it this many times is recorded as failed (a candidate that
 # kills its worker every time is data too).
 MAX_ATTEMPTS = 3
@@ -160,7 +161,7 @@ class _TaskLoop:
         self.current = starting_model(store, row)
         searches.set_model(self.current)
         self.in_flight = [0] * pool.size  # candidates being proposed for, or handed to, each worker
-        self.started = [False] * pool.size
+        self.singles = [FIRST_SINGLES] * pool.size  # single-candidate chunks still to hand each worker
         self.proposals: dict[cf.Future[list[int]], tuple[int, int]] = {}  # -> (worker, n)
         self.running: dict[cf.Future[list[MeasureResult]], _Chunk] = {}
         self.retry: list[_Chunk] = []  # chunks whose worker died: to measure again
@@ -243,8 +244,9 @@ class _TaskLoop:
             self._submit(worker, chunk.shard, chunk.indices, chunk.attempt + 1)
         while not self.exhausted and (left := self._left()) > 0 and (worker := self._roomiest()) is not None:
             n = min(self.chunk, left, self.capacity - self.in_flight[worker])
-            if not self.started[worker]:
-                n, self.started[worker] = min(n, FIRST_BATCH), True
+            if self.singles[worker]:
+                n = 1
+                self.singles[worker] -= 1
             (future,) = self.searches.propose([(self._shard(worker), n)])
             self.proposals[future] = (worker, n)
             self.in_flight[worker] += n
@@ -272,7 +274,7 @@ class _TaskLoop:
         added = self.pool.grow()
         if added:
             self.in_flight += [0] * added
-            self.started += [False] * added
+            self.singles += [FIRST_SINGLES] * added
             self.round_size = self.pool.size * self.batch_size
             log.info("task %s: %d worker(s) joined, %d measuring now", self.task_id, added, self.pool.size)
 

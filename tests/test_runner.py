@@ -138,6 +138,29 @@ def test_hanging_kernel_times_out_and_the_run_goes_on(server: ServerProcess, tmp
     assert all(serving.get(pid, tempfile.gettempdir()) != tempfile.gettempdir() for pid in standing_by), serving
 
 
+def test_once_a_best_is_known_a_hang_costs_about_a_second(server: ServerProcess, tmp_path: Path) -> None:
+    """`timeout` bounds a candidate until the session holds the workload and a best is known; then
+    the bound is what a candidate near the best could take (a second and a little, here)."""
+    src = tmp_path / "hang.c"
+    src.write_text("#include <unistd.h>\n__attribute__((constructor)) static void hang(void) { sleep(120); }\n")
+    lib = tmp_path / "hang.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
+    runner = _runner(server, timeout=60.0)
+    task = _matmul(32)
+    assert runner.time_limit(task) == 60.0
+    (ok,) = runner.measure(task, [_export(tmp_path, "ok", 32)])
+    assert ok.status is Status.OK, ok.error
+    limit = runner.time_limit(task)
+    assert 1.0 < limit < 2.0, limit
+    start = time.monotonic()
+    (hung,) = runner.measure(task, [BuildResult(1, {}, library=str(lib))])
+    assert hung.status is Status.TIMEOUT and f"{limit:.1f} s" in hung.error, hung
+    assert time.monotonic() - start < limit + 5
+    assert runner.time_limit(task) == 60.0  # the next session uploads the inputs again
+    (after,) = runner.measure(task, [_export(tmp_path, "after", 32)])
+    assert after.status is Status.OK, after.error
+
+
 def test_candidates_far_slower_than_the_best_are_timed_once(server: ServerProcess, tmp_path: Path) -> None:
     runner = _runner(server, screen_factor=0.5)  # every kernel after the first counts as "slow"
     first, second = runner.measure(_matmul(64), [_export(tmp_path, f"k{i}", 64) for i in range(2)])

@@ -21,9 +21,12 @@ Failures are data: a launch error, a server crash, a wrong output or a hang each
 MeasureResult with a status, and the runner reconnects for the next candidate. Opening a session
 takes at most `open_timeout` seconds, retries included (the tracker or the server coming back);
 a candidate that gets none by then is a runtime error saying so. A candidate
-that runs past `timeout` is abandoned with its session; the server's `session_timeout`
+that runs past its time limit is abandoned with its session; the server's `session_timeout`
 ends the hung session process on the device side, and `on_hang` lets an owner of the
-server restart it sooner.
+server restart it sooner. The limit is `timeout` until the session holds the workload's inputs
+and a best latency is known; then it is what a candidate within `screen_factor` of the best
+could take, twice, plus a second (`time_limit`): on the H200 a hung resnet-last-conv candidate held
+its GPU for the whole 10 s, a tenth of a 2-GPU job's wall time, where 1.3 s tell it apart.
 """
 
 from __future__ import annotations
@@ -318,15 +321,16 @@ class RPCRunner:
                 # Keep only the text: the exception's frames would keep the session open.
                 box["error"] = one_line(e)
 
+        limit = self.time_limit(task)
         thread = threading.Thread(target=work, daemon=True, name="farm-measure")
         thread.start()
-        thread.join(self.timeout)
+        thread.join(limit)
         if not thread.is_alive():
             result = work_result
         result.run_seconds = time.perf_counter() - start
         result.timeline["measure"] = [started, time.time()]
         if thread.is_alive():
-            result.status, result.error = Status.TIMEOUT, f"ran longer than {self.timeout:.0f} s"
+            result.status, result.error = Status.TIMEOUT, f"ran longer than {limit:.1f} s"
             log.warning("candidate %d of %s hung; dropping the session", build.config_index, task)
             self._drop_session()
             metrics.rpc_session_restart(self.name, "timeout")
@@ -337,6 +341,20 @@ class RPCRunner:
             self._drop_session()  # the session may be dead (crashed kernel): reconnect next time
             metrics.rpc_session_restart(self.name, "error")
         return result
+
+    def time_limit(self, task: Task) -> float:
+        """Seconds a candidate of `task` may take on the device (see the module docstring): with
+        the workload's inputs on the open session and a best latency B known, a candidate within
+        `screen_factor` of B runs at most (2 + repeat x number) x screen_factor x B seconds, plus
+        repeat x min_repeat_ms; one slower than that is screened after two runs, so twice that
+        plus a second is ample, and `timeout` bounds it."""
+        key = task.workload.key
+        best, s = self._best.get(key), self._session
+        if best is None or self.screen_factor is None or s is None or key not in s.workloads:
+            return self.timeout  # uploads to a new session, or no yardstick yet
+        ev = self.evaluator
+        normal = (2 + ev.repeat * ev.number) * self.screen_factor * best + ev.repeat * ev.min_repeat_ms / 1e3
+        return min(self.timeout, 1.0 + 2 * normal)
 
     def _run(self, task: Task, build: BuildResult, result: MeasureResult) -> None:
         s = self.session()
