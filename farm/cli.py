@@ -211,6 +211,12 @@ def scheduler(
         help="Ray cluster to join, e.g. auto or HOST:6379 (default: start Ray on this machine).")] = None,
     poll: Annotated[float, typer.Option(help="Seconds between looks for queued jobs.")] = 0.25,
     once: Annotated[bool, typer.Option("--once", help="Exit when no job is queued.")] = False,
+    max_jobs: Annotated[int | None, typer.Option(
+        min=1, help="Jobs run at once, each on its own workers (default: as many as the cluster has "
+        "GPUs; a job waits while the devices it needs are taken).")] = None,
+    keep_warm: Annotated[float, typer.Option(
+        min=0, help="Seconds a finished job's workers (actors, RPC servers, sessions) stay up for the "
+        "next job of the same shape before their devices are given back.")] = 300.0,
     log_dir: Annotated[Path | None, typer.Option(
         help="Keep the logs of the tracker, servers and worker actors here.")] = None,
     metrics_port: Annotated[int | None, typer.Option(
@@ -220,7 +226,10 @@ def scheduler(
     metrics_host: Annotated[str, typer.Option(help="Address the metrics listen on (0.0.0.0 in a container).")]
     = "127.0.0.1",
 ) -> None:
-    """Run the scheduler service: claim queued jobs and run them on worker actors, one per device."""
+    """Run the scheduler service: claim queued jobs and run them on worker actors, one per device.
+
+    Jobs run at once while the cluster has devices for them (`--max-jobs`); a job's workers stay
+    warm for the next job of the same shape (`--keep-warm`)."""
     from farm.core import metrics
     from farm.core.tvm_import import import_tvm
     from scheduler.service import Scheduler
@@ -245,7 +254,7 @@ def scheduler(
     # back on that SystemExit too.)
     signal.signal(signal.SIGTERM, _interrupt)
     with Scheduler(store, tracker=address, ray_address=ray_address, log_dir=log_dir,
-                   give_back_on_interrupt=True) as service:
+                   give_back_on_interrupt=True, max_jobs=max_jobs, keep_warm_seconds=keep_warm) as service:
         try:
             service.serve(poll_seconds=poll, once=once)
         except KeyboardInterrupt:

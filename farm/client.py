@@ -10,7 +10,8 @@ Every job goes the same way, whoever submits it (`farm tune`, `farm submit`, thi
 validated (farm.core.jobspec.JobRequest), queued in the database, claimed and run by a
 scheduler (scheduler.service.Scheduler), followed from the database, its best configs read
 back (farm.export). A client that runs jobs `in_process` claims and runs the jobs it submits
-itself, one after another, in a thread of this process (local Ray, tracker and RPC servers);
+itself, each in a thread of this process (local Ray, tracker and RPC servers), at once as long as
+the devices allow (scheduler.service.Scheduler: a job waits for devices that others hold);
 `Client()` with no URL does that on the embedded default database ($FARM_DB or
 sqlite:///farm.db), as no scheduler service watches it. Otherwise a `farm scheduler` runs them.
 Progress streams from the database: LISTEN/NOTIFY on Postgres, polling on SQLite.
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import logging
+import threading
 import time
 from collections.abc import Sequence
 from functools import cached_property
@@ -41,6 +43,9 @@ if TYPE_CHECKING:
     import pandas as pd
 
 FINAL = ("done", "failed", "cancelled")
+# Jobs an in-process client runs at once (each still waits for devices the others hold).
+MAX_JOBS = 8
+
 log = logging.getLogger("farm.client")
 
 
@@ -127,9 +132,14 @@ class Client:
         self._url = url
         self.url = display_url(url)  # for messages: the password masked; FarmError for a malformed URL
         self.log_dir, self.pool_factory = log_dir, pool_factory
-        self._runner: cf.ThreadPoolExecutor | None = None
+        # The home thread starts Ray and the workers ahead of jobs and stops them at the end: a Ray
+        # driver started in a thread that ends loses its cluster, and stops fastest from the thread
+        # that started it. Jobs run in threads of their own, several at once.
+        self._home: cf.ThreadPoolExecutor | None = None
+        self._job_threads: cf.ThreadPoolExecutor | None = None
         self._running: dict[int, cf.Future[str]] = {}
         self._scheduler: Scheduler | None = None
+        self._scheduler_lock = threading.Lock()
 
     @cached_property
     def store(self) -> ResultStore:
@@ -148,7 +158,10 @@ class Client:
                                    batch_size=batch_size, rpc_keys=rpc_keys, name=name)
         job = Job(self, self.store.submit(request))
         if self.in_process:
-            self._running[job.id] = self._in_runner().submit(self._run, job.id)
+            self._at_home().submit(self._start_ray, request.target.kind)
+            if self._job_threads is None:
+                self._job_threads = cf.ThreadPoolExecutor(MAX_JOBS, thread_name_prefix="farm-job")
+            self._running[job.id] = self._job_threads.submit(self._run, job.id)
         return job
 
     def prepare(self, target: str | dict[str, Any] | TargetSpec = "llvm", workers: int = 1) -> None:
@@ -160,12 +173,12 @@ class Client:
         of a running farm, whose workers are up."""
         if self.in_process:
             spec = target if isinstance(target, TargetSpec) else parse_target(target)
-            self._in_runner().submit(self._prepare, {"target": spec.to_json(), "workers": workers})
+            self._at_home().submit(self._prepare, {"target": spec.to_json(), "workers": workers})
 
-    def _in_runner(self) -> cf.ThreadPoolExecutor:
-        if self._runner is None:
-            self._runner = cf.ThreadPoolExecutor(1, thread_name_prefix="farm-in-process")
-        return self._runner
+    def _at_home(self) -> cf.ThreadPoolExecutor:
+        if self._home is None:
+            self._home = cf.ThreadPoolExecutor(1, thread_name_prefix="farm-in-process")
+        return self._home
 
     def job(self, job_id: int) -> Job:
         job = Job(self, job_id)
@@ -184,12 +197,19 @@ class Client:
         except Exception as e:  # the job meets it again, and fails with it
             log.info("starting the workers ahead of the job failed: %s", one_line(e))
 
+    def _start_ray(self, kind: str) -> None:
+        try:
+            self._scheduler_here().start_ray(kind)
+        except Exception as e:  # the job meets it again, and fails with it
+            log.info("starting Ray ahead of the job failed: %s", one_line(e))
+
     def _scheduler_here(self) -> Scheduler:
-        """The scheduler of this client's in-process jobs (made in the runner thread)."""
-        if self._scheduler is None:
-            store = cast(ResultStore, _StoreOnUse(self))
-            self._scheduler = Scheduler(store, log_dir=self.log_dir, pool_factory=self.pool_factory)
-        return self._scheduler
+        """The scheduler of this client's in-process jobs (made on first use)."""
+        with self._scheduler_lock:
+            if self._scheduler is None:
+                store = cast(ResultStore, _StoreOnUse(self))
+                self._scheduler = Scheduler(store, log_dir=self.log_dir, pool_factory=self.pool_factory)
+            return self._scheduler
 
     def _close_scheduler(self) -> None:
         if self._scheduler is not None:
@@ -203,10 +223,12 @@ class Client:
     def close(self) -> None:
         """Wait for in-process jobs to end, stop what this client started (its pools, tracker and
         local Ray instance), release the database."""
-        if self._runner is not None:
-            # After the jobs, in the thread that ran them: where their Ray driver started.
-            self._runner.submit(self._close_scheduler).result()
-            self._runner.shutdown(wait=True)
+        if self._job_threads is not None:
+            self._job_threads.shutdown(wait=True)
+        if self._home is not None:
+            # After the jobs, in the thread where their Ray driver started.
+            self._home.submit(self._close_scheduler).result()
+            self._home.shutdown(wait=True)
         if "store" in self.__dict__:
             self.store.close()
 

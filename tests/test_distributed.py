@@ -50,7 +50,7 @@ def test_two_worker_actors_share_a_job_exactly(pg_url: str, ray_local: None) -> 
         # A search actor that died between jobs is replaced: the pool's next job runs.
         import ray
 
-        (pool,) = scheduler._pools.values()
+        (pool,) = scheduler.pools()
         ray.kill(pool._search_actors[0])
         again = store.submit(JobRequest.build([("matmul", {"M": 32, "N": 48, "K": 48})], "llvm", 8, workers=2,
                                               batch_size=4, search="xgb"))
@@ -168,13 +168,54 @@ def test_jobs_of_different_shapes_one_after_another_on_one_scheduler(pg_url: str
             assert time.monotonic() - started < 120
             trials = store.trials(job_id=job_id)
             assert len(trials) == 4 and trials["worker"].nunique() == workers
-            assert len(scheduler._pools) == 1  # only the pool of the job that ran last is kept
+            assert len(scheduler.pools()) == 1  # only the pool of the job that ran last is kept
         # the same shape again reuses the kept pool: its actors stay the same processes
-        (pool,) = scheduler._pools.values()
+        (pool,) = scheduler.pools()
         pids = [info["pid"] for info in pool.infos]
         again = store.submit(JobRequest.build(SMALL, "llvm", 4, workers=1, batch_size=2, search="random"))
         assert scheduler.claim_and_run(again) == "done"
         assert [info["pid"] for info in scheduler.pool_for(store.job(again)["spec"]).infos] == pids
+
+
+def test_jobs_at_once_share_the_cluster_and_a_larger_one_waits_for_devices(pg_url: str, ray_local: None) -> None:
+    """The service runs two 1-worker jobs at once on a 2-GPU cluster; a 2-worker job queued behind
+    them waits until both end (their idle pools then give the GPUs back); every budget is exact,
+    and idle pools are closed once `keep_warm_seconds` pass."""
+    store = open_store(pg_url)
+    ids = [store.submit(JobRequest.build(SMALL, "llvm", 12, workers=w, batch_size=2, search="random"))
+           for w in (1, 1, 2)]
+    with Scheduler(store, keep_warm_seconds=3.0) as scheduler:
+        service = threading.Thread(target=scheduler.serve, kwargs={"poll_seconds": 0.2}, daemon=True)
+        service.start()
+        deadline = time.monotonic() + 300
+        while any(store.job_status(i) != "done" for i in ids) and time.monotonic() < deadline:
+            assert all(store.job_status(i) in ("queued", "running", "done") for i in ids)
+            time.sleep(0.5)
+        ended = time.monotonic()
+        while scheduler.pools() and time.monotonic() - ended < 30:
+            time.sleep(0.5)
+        assert scheduler.pools() == []  # idle past keep_warm_seconds: closed
+        scheduler.stop()
+        service.join(60)
+    spans = []
+    for i, workers in zip(ids, (1, 1, 2), strict=True):
+        trials = store.trials(job_id=i)
+        assert len(trials) == 12 and trials["config_index"].is_unique and (trials["status"] == "ok").all()
+        assert trials["worker"].nunique() == workers
+        spans.append((trials["created_at"].min(), trials["created_at"].max()))
+    (a0, a1), (b0, b1), (c0, _) = spans
+    assert a0 < b1 and b0 < a1  # the two 1-worker jobs ran at once
+    assert c0 > max(a1, b1)  # the 2-worker job ran once both had ended
+
+
+def test_an_embedded_client_runs_jobs_of_different_shapes_at_once(pg_url: str, ray_local: None) -> None:
+    with Client(pg_url, in_process=True) as client:
+        jobs = [client.submit(SMALL, "llvm", 8, workers=w, batch_size=2, search="random") for w in (2, 1, 1)]
+        assert [job.wait(progress=False, timeout=300) for job in jobs] == ["done"] * 3
+        for job, workers in zip(jobs, (2, 1, 1), strict=True):
+            trials = job.trials()
+            assert len(trials) == 8 and trials["config_index"].is_unique and (trials["status"] == "ok").all()
+            assert trials["worker"].nunique() == workers
 
 
 def test_a_scheduler_whose_job_was_taken_over_stops_it(pg_url: str, ray_local: None) -> None:

@@ -13,10 +13,11 @@ counters, no unbounded label values. Label bounds:
 
 - `status`: the six trial statuses of farm.measure.Status; `target`: the target kind
   (`llvm`, `cuda`, ...); `state`: the five job states; `reason`: `RESTART_REASONS`.
-- `worker`: a worker actor's name (`<kind>-worker-<i>`), bounded by the pools' sizes;
+- `worker`: a worker actor's name (`<kind>-worker-<i>`, `<kind>-worker2-<i>` for a second pool up
+  at once), bounded by the pools' sizes;
   `device`: that worker's RPC key, one per worker.
 - `job_id`, `task_id`, `workload`: only on per-task series of jobs that are running on this
-  scheduler (a scheduler runs one job at a time, a job has a fixed set of tasks); the
+  scheduler (at most `max_jobs` at once, a job has a fixed set of tasks); the
   scheduler calls `clear_job` when a job ends, which removes every series of that job.
   (`job_id`, not `job`: Prometheus attaches its own `job` label, the scrape job, and would
   rename ours to `exported_job`.)
