@@ -218,6 +218,21 @@ def test_an_embedded_client_runs_jobs_of_different_shapes_at_once(pg_url: str, r
             assert trials["worker"].nunique() == workers
 
 
+def test_tasks_of_one_job_with_the_same_configs_each_run_their_own_kernel(pg_url: str, ray_local: None) -> None:
+    """Max and average pooling of one shape have the same space, and random search with one seed
+    proposes the same config indices for both: each candidate must still run its own task's
+    kernel (libraries were once named by config index alone, and the RPC server, loading a name
+    it still had loaded, ran the other task's kernel: wrong results and crashes)."""
+    pools = [("pool2d", dict(N=1, C=8, H=12, W=12, KH=3, KW=3, stride=1, pad=1, kind=kind)) for kind in ("max", "avg")]
+    with Client(pg_url, in_process=True) as client:
+        job = client.submit(pools, "llvm", 16, workers=1, batch_size=4, search="random")
+        assert job.wait(progress=False, timeout=300) == "done"
+        trials = job.trials()
+    assert len(trials) == 16 and (trials["status"] == "ok").all(), trials[["status", "error"]]
+    per_task = [set(group["config_index"]) for _, group in trials.groupby("task_id")]
+    assert len(per_task) == 2 and per_task[0] & per_task[1]  # the case in question: shared indices
+
+
 def test_a_scheduler_whose_job_was_taken_over_stops_it(pg_url: str, ray_local: None) -> None:
     """A scheduler whose heartbeats did not arrive (cut off from the database), whose job was
     requeued and claimed by another meanwhile, is told so by its next heartbeat: it stops the job

@@ -83,6 +83,14 @@ def _task(task_json: str) -> Task:
     return Task.from_json(json.loads(task_json))
 
 
+@lru_cache(maxsize=32)
+def _tag(task_json: str) -> str:
+    """A short name for the task (its JSON's hash)."""
+    import hashlib
+
+    return hashlib.sha256(task_json.encode()).hexdigest()[:10]
+
+
 def build_one(task_json: str, index: int, out_dir: str) -> BuildResult:
     """Build config `index` of the task into `out_dir` (runs in a pool process)."""
     start, started = time.perf_counter(), time.time()
@@ -102,7 +110,10 @@ def build_one(task_json: str, index: int, out_dir: str) -> BuildResult:
             if reason:
                 result.status, result.error = Status.INVALID, reason
                 return result
-        compile_into(sch.mod, task.target, Path(out_dir) / f"c{index}", result)
+        # Named by task and config: a job's tasks share the build directory, and the RPC server
+        # loads each library by its file name (dlopen hands back a library still loaded under
+        # the same path, so a name reused across tasks ran the other task's kernel).
+        compile_into(sch.mod, task.target, Path(out_dir) / f"c{_tag(task_json)}-{index}", result)
     except Exception as e:  # a template or compiler failure is this candidate's result
         result.status = Status.BUILD_ERROR
         result.error = one_line(e)
