@@ -8,7 +8,7 @@
 set -uo pipefail
 DIR=${1:?session folder}; DEST=${2:?destination}; WAIT=${3:-540}
 for _ in $(seq "$WAIT"); do [[ -f $DIR/DONE ]] && break; sleep 1; done
-grep -h "^== \|xgb seed\|^  random:\|relative L2\|median best\|^MetaSchedule\|^ *farm:\|^metaschedule:\|of best\|best after\|zero-shot\|/ tuned\|GPU(s)\|scaling\|warm farm\|Traceback\|Error" \
+grep -h "^== \|xgb seed\|^  random:\|relative L2\|median best\|^MetaSchedule\|^ *farm:\|^metaschedule:\|of best\|best after\|zero-shot\|/ tuned\|GPU(s)\|scaling\|warm farm\|Traceback\|Error\|PyTorch \|best measured\|candidates in\|wrong result\|fastest" \
   "$DIR"/*.log 2>/dev/null | tail -n 60
 tar -C "$DIR" --exclude='*.db' --exclude='*.db-*' -czf "$DEST/results.tgz" .
 [[ -f $DIR/DONE ]] && exit 0 || exit 3

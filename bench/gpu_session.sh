@@ -17,6 +17,9 @@
 #   maxpool     bench/e2e_throughput.py on max pool 64x64x112x112 3x3 s2: 64 trials, 1 GPU, E2E_SEEDS
 #               seeds, each timed as a whole, with its per-candidate overhead and timeline
 #   startup     bench/startup_parts.py: a farm tune's start-up steps, each in fresh processes
+#   check       bench/check_templates_gpu.py: every cuda template's random sample run against NumPy
+#   kernels     bench/kernels_vs_vendor.py: KERNEL_CASES (;-separated) tuned KERNEL_TRIALS trials,
+#               KERNEL_SEEDS seeds each, best kernels re-timed side by side with PyTorch
 #   bash bench/gpu_session.sh OUTDIR [STEP ...]      (TRIALS=300, MS_TRIALS=128 by default)
 # OUTDIR/DONE appears when every step has ended (for a session run in the background and
 # collected by bench/gpu_collect.sh).
@@ -25,6 +28,8 @@ OUT=${1:?output folder}; shift
 STEPS=${*:-torch smoke throughput tune}
 TRIALS=${TRIALS:-300}
 MS_TRIALS=${MS_TRIALS:-128}
+KERNEL_CASES=${KERNEL_CASES:-resnet-last-conv;matmul M=1024 N=1024 K=1024}
+KERNEL_TRIALS=${KERNEL_TRIALS:-512}; KERNEL_SEEDS=${KERNEL_SEEDS:-3}
 E2E_TRIALS=${E2E_TRIALS:-500}; E2E_GPUS=${E2E_GPUS:-1 2}; E2E_SEEDS=${E2E_SEEDS:-3}
 mkdir -p "$OUT"; rm -f "$OUT/DONE"
 export PYTHONPATH=${PYTHONPATH:-}:$PWD PYTHONUNBUFFERED=1
@@ -66,6 +71,10 @@ for s in $STEPS; do
                --params N=64 C=64 H=112 W=112 KH=3 KW=3 stride=2 pad=1 kind=max --trials 64 --gpus 1 \
                --seeds "$E2E_SEEDS" --out "$OUT/maxpool" --json "$OUT/maxpool.json" ;;
     startup) step startup 300 python3 bench/startup_parts.py --repeats "${STARTUP_REPEATS:-3}" --json "$OUT/startup.json" ;;
+    check) step check 600 python3 bench/check_templates_gpu.py --out "$OUT/check" ;;
+    kernels) IFS=';' read -ra cases <<< "$KERNEL_CASES"
+             step kernels 3000 python3 bench/kernels_vs_vendor.py "${cases[@]/#/--case=}" --trials "$KERNEL_TRIALS" \
+               --seeds "$KERNEL_SEEDS" --out "$OUT/kernels" --json "$OUT/kernels.json" ;;
     *) echo "unknown step $s" >&2 ;;
   esac
 done

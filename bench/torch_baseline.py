@@ -45,8 +45,8 @@ def torch_op(wl: Workload) -> Callable[[], Any]:
     raise ValueError(wl.name)
 
 
-def time_graph(fn: Callable[[], Any], launches: int = 20, replays: int = 50) -> float:
-    """Median seconds per call of `fn`, from CUDA-graph replays."""
+def graph_times(fn: Callable[[], Any], launches: int = 20, replays: int = 50) -> list[float]:
+    """Seconds per call of `fn`, one figure per replay of a CUDA graph of `launches` calls."""
     import torch
 
     stream = torch.cuda.Stream()
@@ -66,7 +66,7 @@ def time_graph(fn: Callable[[], Any], launches: int = 20, replays: int = 50) -> 
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) / 1e3 / launches)
-    return statistics.median(times)
+    return times
 
 
 def main() -> None:
@@ -82,7 +82,7 @@ def main() -> None:
     rows = []
     for name in args.presets:
         wl = make_workload(name)
-        seconds = time_graph(torch_op(wl))
+        seconds = statistics.median(graph_times(torch_op(wl)))
         rows.append({"preset": name, "workload": wl.to_json(), "latency_us": seconds * 1e6,
                      "gflops": wl.flops() / seconds / 1e9, "device": torch.cuda.get_device_name(),
                      "torch": torch.__version__, "cudnn": torch.backends.cudnn.version()})

@@ -74,14 +74,16 @@ def valid_configs(template: Template, wl: Workload, target: TargetSpec, count: i
 
 def rejected_config(template: Template, wl: Workload, target: TargetSpec, reason: str) -> Config:
     """A random config that `check` rejects with a message containing `reason`, without
-    unrolling (so lowering the huge tiles such configs have stays fast)."""
+    unrolling (so lowering the huge tiles such configs have stays fast) and without split-K
+    (whose slices must divide the outer reduction steps for the schedule to exist)."""
     space = template.space(wl, target)
     rng = random.Random(f"{template.name}/{wl.key}/{reason}")
     for _ in range(100_000):
         config = space.get(rng.randrange(space.size))
         why = template.check(wl, target, config)
         if why is not None and reason in why:
-            return space.from_json({**config.to_json(), "auto_unroll_max_step": 0})
+            plain = {"auto_unroll_max_step": 0, **({"split_k": 1} if "split_k" in config.to_json() else {})}
+            return space.from_json({**config.to_json(), **plain})
     raise AssertionError(f"no config of {template.name} for {wl} is rejected for {reason!r}")
 
 
@@ -158,8 +160,44 @@ def test_verify_gpu_rejects_a_grid_too_tall() -> None:
 
 
 def test_resnet_last_conv_space_is_autotvm_tutorial_size() -> None:
+    """The tutorial's space is the slice without split-K (split_k=1) fetched its way (fetch=0)."""
     wl = make_workload("resnet-last-conv")
-    assert get_template(wl.name, "cuda").space(wl, CUDA).size == 10_454_400
+    space = get_template(wl.name, "cuda").space(wl, CUDA)
+    extra = len(space.knob("split_k")) * len(space.knob("fetch"))
+    assert space.knob("split_k").values[0] == 1 and space.knob("fetch").values[0] == 0
+    assert space.size == 10_454_400 * extra
+
+
+@pytest.mark.parametrize(("case", "split_k", "fetch"), [
+    ("resnet-last-conv", 8, 0), ("resnet-last-conv", 4, 1), ("matmul-1024", 16, 4), ("matmul-1024", 2, 2),
+    ("matmul-1024", 1, 4), ("spio-grouped", 2, 1),
+])
+def test_cuda_tiled_split_k_and_vector_loads_compile_to_what_they_say(case: str, split_k: int, fetch: int) -> None:
+    """Split-K adds a second kernel that sums the slices' partials (grid z = slices x z blocks);
+    vector fetches load float2/float4; each class passes GPU verification."""
+    wl = _workload(CUDA_CASES[case])
+    template = get_template(wl.name, "cuda")
+    space, rng = template.space(wl, CUDA), random.Random(case)
+    config = next(c for _ in range(100_000)
+                  if template.check(wl, CUDA, c := space.from_json(
+                      {**space.get(rng.randrange(space.size)).to_json(), "split_k": split_k, "fetch": fetch})) is None)
+    mod = template.schedule(wl, CUDA, config).mod
+    assert verify_gpu(mod, CUDA) is None
+    source = tvm.compile(mod, target=CUDA.tvm()).mod.imports[0].inspect_source("")
+    assert source.count("__global__") == (2 if split_k > 1 else 1) * 2  # declared, then defined
+    if fetch > 1:
+        assert f"*(float{fetch}*)(A_ptr" in source and f"*(float{fetch}*)(B_ptr" in source
+
+
+def test_cuda_tiled_refuses_vector_loads_that_could_be_misaligned() -> None:
+    wl = make_workload("matmul", dict(M=64, N=66, K=64))
+    template = get_template(wl.name, "cuda")
+    space = template.space(wl, CUDA)
+    config = space.from_json(dict(tile_i=[4, 1, 16, 1], tile_j=[1, 3, 22, 1], tile_k=[4, 4, 4],
+                                  auto_unroll_max_step=0, unroll_explicit=0, split_k=1, fetch=4))
+    assert "N (66) to be a multiple of 4" in (template.check(wl, CUDA, config) or "")
+    config = space.from_json({**config.to_json(), "split_k": 8})
+    assert "split_k=8 does not divide the 4 outer steps of k" in (template.check(wl, CUDA, config) or "")
 
 
 @pytest.mark.parametrize("preset", [*PRESETS, "matmul-1024"])

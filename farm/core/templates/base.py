@@ -112,20 +112,26 @@ def split_skipping_units(
 
 
 def cooperative_fetch(
-    sch: Any, block: Any, thread_extents: Sequence[int], dims: Sequence[str], *, threads_outer: bool
+    sch: Any, block: Any, thread_extents: Sequence[int], dims: Sequence[str], *, threads_outer: bool,
+    vector: int = 1,
 ) -> None:
     """All threads of the block copy the tile `block` fills: fuse its copy loops and split them
     over the threads (`thread_extents` bound to ``threadIdx.{dims}``, outermost first).
 
     `threads_outer` puts the thread loops outside the per-thread loop, so each thread copies a
     contiguous run (AutoTVM's `split(nparts=...)`); otherwise they go inside it, so consecutive
-    threads copy consecutive elements (coalesced loads, conflict-free shared stores).
+    threads copy consecutive elements (coalesced loads, conflict-free shared stores), `vector`
+    of them at a time (one 64- or 128-bit load per thread: the caller makes sure the tile's rows
+    and the source's rows are multiples of `vector`, so every vector is aligned).
     """
     # compute_at gave the copy block one loop per dimension of the buffer it fills.
     ndim = len(sch.get(block).writes[0].region)
     fused = sch.fuse(*sch.get_loops(block)[-ndim:])
     if threads_outer:
         threads = sch.split(fused, [*thread_extents, None])[:-1]
+    elif vector > 1:
+        *threads, lanes = sch.split(fused, [None, *thread_extents, vector])[1:]
+        sch.vectorize(lanes)
     else:
         threads = sch.split(fused, [None, *thread_extents])[1:]
     for loop, dim in zip(threads, dims, strict=True):

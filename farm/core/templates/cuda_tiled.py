@@ -20,6 +20,7 @@ from farm.core.space import ChoiceKnob, Config, ConfigSpace, SplitKnob
 from farm.core.targets import TargetSpec
 from farm.core.templates.base import (
     CUDA_MAX_BLOCK_DIM,
+    CUDA_MAX_GRID_DIM,
     Template,
     annotate_unroll,
     axis_extents,
@@ -47,6 +48,20 @@ _GROUPS = {
 _DIMS = ("z", "y", "x")
 
 
+# Split-K: the first reduction axis cut into this many slices, each summed by its own blocks
+# (blockIdx.z) into a buffer of partial sums, which a second kernel adds up. It fills the GPU
+# when the output alone gives too few blocks (resnet-last-conv: 7x7x512 outputs, a 4,608-long
+# reduction). 1: no split, the tutorial's kernel.
+SPLIT_K = (1, 2, 4, 8, 16, 32)
+# How the threads copy a tile into shared memory: 0, the tutorial's way (each thread a contiguous
+# run); v >= 1, coalesced (consecutive threads, consecutive elements), v elements per load.
+# Vector loads only where every row of a tile is contiguous in the input: matmul.
+FETCH = {"matmul": (0, 1, 2, 4)}
+FETCH_DEFAULT = (0, 1)
+# Threads per block of the kernel that adds up split-K's partial sums.
+SUM_THREADS = 256
+
+
 class CudaTiled(Template, name="cuda.tiled", kind="cuda", workloads=tuple(_AXES)):
     def space(self, wl: Workload, target: TargetSpec) -> ConfigSpace:
         spatial, reduce = _AXES[wl.name]
@@ -54,11 +69,13 @@ class CudaTiled(Template, name="cuda.tiled", kind="cuda", workloads=tuple(_AXES)
         return ConfigSpace(
             [SplitKnob(f"tile_{a}", extents[a], 4) for a in spatial]
             + [SplitKnob(f"tile_{a}", extents[a], 3) for a in reduce]
-            + [ChoiceKnob("auto_unroll_max_step", [0, 512, 1500]), ChoiceKnob("unroll_explicit", [0, 1])]
+            + [ChoiceKnob("auto_unroll_max_step", [0, 512, 1500]), ChoiceKnob("unroll_explicit", [0, 1]),
+               ChoiceKnob("split_k", [k for k in SPLIT_K if extents[reduce[0]] % k == 0]),
+               ChoiceKnob("fetch", list(FETCH.get(wl.name, FETCH_DEFAULT)))]
         )
 
     def check(self, wl: Workload, target: TargetSpec, config: Config) -> str | None:
-        spatial, _ = _AXES[wl.name]
+        spatial, reduce = _AXES[wl.name]
         threads = prod(config[f"tile_{a}"][2] for a in spatial)
         if threads > target.limit("max_threads_per_block"):
             return f"{threads} threads per block > {target.limit('max_threads_per_block')}"
@@ -69,49 +86,76 @@ class CudaTiled(Template, name="cuda.tiled", kind="cuda", workloads=tuple(_AXES)
         vthreads = prod(config[f"tile_{a}"][1] for a in spatial)
         if vthreads > target.max_vthreads:
             return f"{vthreads} vthreads > {target.max_vthreads}"
+        split, outer = config["split_k"], config[f"tile_{reduce[0]}"][0]
+        if outer % split:
+            return f"split_k={split} does not divide the {outer} outer steps of {reduce[0]}"
+        grid_z = split * prod(config[f"tile_{a}"][0] for a in _GROUPS[wl.name][0])
+        if grid_z > CUDA_MAX_GRID_DIM["z"]:
+            return f"blockIdx.z extent {grid_z} > {CUDA_MAX_GRID_DIM['z']}"
+        if (reason := _vector_error(wl, config)) is not None:
+            return reason
         return shared_memory_error(_shared_bytes(wl, config), target)
 
     def schedule(self, wl: Workload, target: TargetSpec, config: Config) -> Any:
         spatial, reduce = _AXES[wl.name]
         sch = new_schedule(wl)
         block = sch.get_sblock("compute")
+        factors = {a: list(config[f"tile_{a}"]) for a in spatial + reduce}
+        split = config["split_k"]
+        k_slice = None  # split-K's slice loop, bound to blockIdx.z with the grid's z axes
+        if split > 1:
+            sliced, _ = sch.split(sch.get_loops(block)[len(spatial)], [split, None])
+            partial = sch.rfactor(sliced, factor_axis=0)  # `block` now adds up the partial sums
+            _schedule_sum(sch, block, len(spatial), min(SUM_THREADS, target.limit("max_threads_per_block")))
+            block = partial
+            factors[reduce[0]][0] //= split
         write_cache = sch.cache_write(block, 0, "local")
-        loops = dict(zip(spatial + reduce, sch.get_loops(block), strict=True))
-        tiles = {a: sch.split(loops[a], list(config[f"tile_{a}"])) for a in spatial + reduce}
+        loops = sch.get_loops(block)
+        if split > 1:  # the partial sums' own loop nest: spatial, slice, reduction
+            k_slice = loops[len(spatial)]
+            loops = [*loops[:len(spatial)], *loops[len(spatial) + 1:]]
+        loops = dict(zip(spatial + reduce, loops, strict=True))
+        tiles = {a: sch.split(loops[a], factors[a]) for a in spatial + reduce}
 
-        # Fuse each grid dimension's axes at each level, then bind level by level.
-        level_loops: list[list[Any]] = [[], [], [], []]
+        # Each grid dimension's axes at each level: (dimension, loops), z then y then x.
+        levels: list[list[tuple[str, list[Any]]]] = []
         for level in range(4):
-            for group in _GROUPS[wl.name]:
-                if group:
-                    parts = [tiles[a][level] for a in group]
-                    level_loops[level].append(parts)
+            dims = []
+            for dim, group in zip(_DIMS, _GROUPS[wl.name], strict=True):
+                parts = [tiles[a][level] for a in group]
+                if level == 0 and dim == "z" and k_slice is not None:
+                    parts = [k_slice, *parts]
+                if parts:
+                    dims.append((dim, parts))
+            levels.append(dims)
         reduce_outer = [tiles[a][0] for a in reduce]
         reduce_mid = [tiles[a][1] for a in reduce]
         reduce_inner = [tiles[a][2] for a in reduce]
-        order = [lp for level in level_loops[:3] for parts in level for lp in parts]
+        order = [lp for level in levels[:3] for _, parts in level for lp in parts]
         order += reduce_outer + reduce_mid + reduce_inner
-        order += [lp for parts in level_loops[3] for lp in parts]
+        order += [lp for _, parts in levels[3] for lp in parts]
         sch.reorder(*order)
 
-        dims = [d for d, g in zip(_DIMS, _GROUPS[wl.name], strict=True) if g]
         bound: dict[str, list[Any]] = {}
         for level, prefix in enumerate(("blockIdx", "vthread", "threadIdx")):
-            fused = [sch.fuse(*parts) if len(parts) > 1 else parts[0] for parts in level_loops[level]]
-            bound[prefix] = fused
-            for loop, dim in zip(fused, dims, strict=True):
-                sch.bind(loop, f"{prefix}.{dim}")
+            bound[prefix] = []
+            for dim, parts in levels[level]:
+                fused = sch.fuse(*parts) if len(parts) > 1 else parts[0]
+                sch.bind(fused, f"{prefix}.{dim}")
+                bound[prefix].append(fused)
         sch.reverse_compute_at(write_cache, bound["threadIdx"][-1])
 
         # Shared memory at the outer reduction loop, registers at the middle one.
+        thread_dims = [dim for dim, _ in levels[2]]
         thread_extents = [
             prod(config[f"tile_{a}"][2] for a in group) for group in _GROUPS[wl.name] if group
         ]
+        fetch = config["fetch"]
         for i in range(2):
             shared = sch.cache_read(block, i, "shared")
             sch.compute_at(shared, reduce_outer[-1], preserve_unit_loops=True)
-            # Threads outermost, as the tutorial's split(nparts=...).
-            cooperative_fetch(sch, shared, thread_extents, dims, threads_outer=True)
+            cooperative_fetch(sch, shared, thread_extents, thread_dims, threads_outer=fetch == 0,
+                              vector=max(fetch, 1))
         if wl.name != "matmul":
             # Padding goes into the shared copy, which then fills exactly the padded tile that
             # _shared_bytes counts. Inlined into `compute` instead, the copy reads `data` under
@@ -125,6 +169,28 @@ class CudaTiled(Template, name="cuda.tiled", kind="cuda", workloads=tuple(_AXES)
         annotate_unroll(sch, bound["blockIdx"][0], config["auto_unroll_max_step"],
                         config["unroll_explicit"])
         return sch
+
+
+def _schedule_sum(sch: Any, block: Any, spatial: int, threads: int) -> None:
+    """Split-K's second kernel: one thread per output adds up the slices' partial sums."""
+    loops = sch.get_loops(block)
+    blocks, thread = sch.split(sch.fuse(*loops[:spatial]), [None, threads])
+    sch.bind(blocks, "blockIdx.x")
+    sch.bind(thread, "threadIdx.x")
+
+
+def _vector_error(wl: Workload, config: Config) -> str | None:
+    """Why `config`'s vector loads could be misaligned (a misaligned vector load kills the CUDA
+    context), None if every vector of both matmul tiles starts on a multiple of its width."""
+    vector = config["fetch"]
+    if vector <= 1:
+        return None
+    p = wl.p
+    tile_j, chunk_k = prod(config["tile_j"][1:]), prod(config["tile_k"][1:])
+    for what, size in (("K", p["K"]), ("N", p["N"]), ("the k tile", chunk_k), ("the j tile", tile_j)):
+        if size % vector:
+            return f"vector loads of {vector} need {what} ({size}) to be a multiple of {vector}"
+    return None
 
 
 def _shared_bytes(wl: Workload, config: Config) -> int:

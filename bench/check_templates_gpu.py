@@ -1,0 +1,65 @@
+"""Every cuda template, run on this machine's GPU: a random sample of each space against NumPy.
+
+    python bench/check_templates_gpu.py [--trials-per-case 32] [--out DIR]
+
+The test suite compiles and verifies the cuda templates where no GPU is; this runs them. One
+job on the embedded client (random search, the product's own path: every candidate built, run
+and its output compared with the NumPy reference) over every preset and the shapes the presets miss
+(tests/test_templates.py's CUDA_CASES). Random search samples every class of config (split-K
+or not, each way of fetching tiles, each unrolling). Prints each case's trial statuses and
+exits 1 if any candidate computed a wrong result (the template is wrong there), 0 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+from db.store import open_store
+from farm.client import Client
+from farm.core.workloads import PRESETS, workload_from_json
+
+# The shapes tests/test_templates.py compiles beyond the presets: a matmul of the issue's size,
+# stride and multiplier for depthwise, sizes that no thread count divides for pooling.
+EXTRA_CASES = [
+    ("matmul", dict(M=1024, N=1024, K=1024)),
+    ("depthwise_conv2d_nchw", dict(N=2, C=8, H=15, W=17, KH=3, KW=3, stride=2, pad=1, multiplier=2)),
+    ("pool2d", dict(N=2, C=3, H=15, W=17, KH=3, KW=3, stride=2, pad=1, kind="avg")),
+]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--trials-per-case", type=int, default=32)
+    parser.add_argument("--out", type=Path, default=Path("/tmp/farm-check-templates"))
+    parser.add_argument("--target", default="cuda", help="llvm checks this script itself where no GPU is")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    db = args.out / "check.db"
+    db.unlink(missing_ok=True)
+    cases = [*PRESETS, *EXTRA_CASES]
+    start = time.perf_counter()
+    with Client(f"sqlite:///{db}", in_process=True) as client:
+        job = client.submit(cases, args.target, args.trials_per_case * len(cases), search="random")
+        status = job.wait()
+    seconds = time.perf_counter() - start
+    store = open_store(f"sqlite:///{db}")
+    trials = store.trials(job_id=job.id)
+    wrong = 0
+    for task in store.tasks(job.id):
+        mine = trials[trials["task_id"] == task["id"]]
+        counts = Counter(mine["status"])
+        wrong += counts["wrong_result"]
+        fastest = mine["latency"].min() * 1e6 if counts["ok"] else float("nan")
+        print(f"{workload_from_json(task['workload'])}: {dict(counts)}, fastest {fastest:.2f} µs")
+        for _, row in mine[mine["status"] == "wrong_result"].iterrows():
+            print(f"  wrong result: {row['config']} {row['error']}")
+    print(f"job {status}: {len(trials)} candidates in {seconds:.0f} s; {wrong} wrong result(s)")
+    sys.exit(1 if wrong or status != "done" else 0)
+
+
+if __name__ == "__main__":
+    main()

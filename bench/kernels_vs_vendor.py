@@ -1,0 +1,176 @@
+"""The farm's tuned kernels against PyTorch's (cuDNN / cuBLAS) on this GPU, medians over seeds.
+
+    python bench/kernels_vs_vendor.py --case resnet-last-conv --case "matmul M=1024 N=1024 K=1024" \
+        [--trials 512] [--seeds 3] [--out DIR] [--json FILE] [--retime]
+
+For each case and seed, `farm tune CASE --target cuda --trials N --seed S` runs as a user runs it
+(a process of its own on the embedded defaults, timed whole), exporting its best config. Then,
+in one process, each seed's best kernel is rebuilt from its export (`farm.build`), checked
+against PyTorch's output, and timed side by side with PyTorch by one method: `LAUNCHES` back-to-
+back calls captured in a CUDA graph (the TVM kernels launched on PyTorch's stream through
+`tvm_ffi.use_torch_stream`), the graph replayed `REPLAYS` times, in `ROUNDS` rounds that
+alternate between the kernels; a kernel's figure is the median over all its replays of replay
+time / launches, with the 10th-90th percentile spread. TF32 is off: the fp32 kernels compute
+in fp32. Pooling cases also time a device-to-device copy of their input the same way (the
+device's copy bandwidth, read + write) and give each kernel's share of it.
+
+Prints one line per case (PyTorch, the farm's median over seeds and its range, the ratio) and,
+with --json, every figure. --retime times the exports of an earlier run in --out again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from costmodel_common import farm_curve, farm_tune
+from torch_baseline import graph_times, torch_op
+
+from farm.core.errors import FarmError
+from farm.core.workloads import Workload, make_workload
+
+ROUNDS = 3
+
+
+def case_name(case: str) -> str:
+    """A file-name-safe name for a case ("matmul M=1024 N=1024 K=1024" -> "matmul-M1024-N1024-K1024")."""
+    return "-".join(word.replace("=", "") for word in case.split())
+
+
+def parse_case(case: str) -> tuple[str, list[str], Workload]:
+    """A case as `farm tune` takes it: a preset or workload name, then key=value parameters."""
+    name, *params = case.split()
+    if bad := [p for p in params if "=" not in p]:
+        raise FarmError(f"{case!r}: parameters are key=value, got {bad[0]!r}")
+    return name, params, make_workload(name, dict(p.split("=", 1) for p in params) or None)
+
+
+def tvm_call(lib: Any, args: list[Any]) -> Callable[[], None]:
+    """A closure launching the TVM kernel on PyTorch's current stream (so a graph captures it)."""
+    import tvm_ffi
+
+    main = lib["main"]
+
+    def call() -> None:
+        with tvm_ffi.use_torch_stream():
+            main(*args)
+    return call
+
+
+def time_side_by_side(fns: dict[str, Callable[[], Any]]) -> dict[str, dict[str, float]]:
+    """Each closure timed by `graph_times`, rounds alternating; µs median and 10th/90th percentile."""
+    runs: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(ROUNDS):  # alternate, so drifting clocks or a busy neighbour hit all alike
+        for name, fn in fns.items():
+            runs[name] += graph_times(fn)
+    out = {}
+    for name, seconds in runs.items():
+        us = np.array(seconds) * 1e6
+        out[name] = {"median_us": float(np.median(us)), "p10_us": float(np.percentile(us, 10)),
+                     "p90_us": float(np.percentile(us, 90)), "replays": len(us)}
+    return out
+
+
+def retime_case(wl: Workload, exports: dict[str, Path]) -> dict[str, Any]:
+    """PyTorch and each export's best kernel for `wl`: checked against PyTorch's output, timed."""
+    import torch
+
+    from farm.apply import build
+
+    expected = torch_op(wl)()
+    inputs = [torch.from_numpy(x).to("cuda") for x in wl.random_inputs(0)]  # torch_op's inputs
+    fns: dict[str, Callable[[], Any]] = {"pytorch": torch_op(wl)}
+    errors: dict[str, float] = {}
+    for label, export in exports.items():
+        out = torch.full(wl.output_shape(), float("nan"), dtype=getattr(torch, wl.dtype), device="cuda")
+        call = tvm_call(build(wl, "cuda", export), [*inputs, out])
+        call()
+        torch.cuda.synchronize()
+        diff = (out.double() - expected.double()).norm() / expected.double().norm()
+        errors[label] = float(diff)
+        fns[label] = call
+    if wl.name == "pool2d":
+        source = inputs[0]
+        copy = torch.empty_like(source)
+        fns["copy"] = lambda: copy.copy_(source)
+    timing = time_side_by_side(fns)
+    for label, error in errors.items():
+        timing[label].update(rel_l2_error_vs_pytorch=error, correct=bool(error <= wl.tolerance()))
+    if "copy" in timing:
+        moved = 2 * inputs[0].numel() * inputs[0].element_size()
+        copy_bw = moved / (timing["copy"]["median_us"] * 1e-6)
+        timing["copy"]["bandwidth_gbs"] = copy_bw / 1e9
+        for label in ["pytorch", *exports]:
+            bw = wl.bytes() / (timing[label]["median_us"] * 1e-6)
+            timing[label].update(bandwidth_gbs=bw / 1e9, share_of_copy_bandwidth=bw / copy_bw)
+    return timing
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--case", action="append", required=True,
+                        help='a preset or "workload key=value ..." (repeat for more cases)')
+    parser.add_argument("--trials", type=int, default=512)
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--search", default="xgb")
+    parser.add_argument("--out", type=Path, default=Path("/tmp/farm-kernels"))
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--retime", action="store_true", help="only time the exports of an earlier run in --out")
+    args = parser.parse_args()
+    try:
+        cases = [parse_case(case) for case in args.case]  # bad cases fail here, before any tuning
+    except FarmError as e:
+        parser.error(f"bad --case: {e}")
+    import torch
+
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.benchmark = True
+    args.out.mkdir(parents=True, exist_ok=True)
+    figures: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                               "cudnn": torch.backends.cudnn.version(), "trials": args.trials,
+                               "search": args.search, "command": " ".join(sys.argv), "cases": {}}
+    # Every case tuned first, then every case timed: a timing problem loses no tuning (--retime).
+    runs: dict[str, dict[str, dict[str, Any]]] = {}
+    for case, (name, params, wl) in zip(args.case, cases, strict=True):
+        runs[case] = {}
+        for seed in range(args.seeds):
+            label = f"{case_name(case)}-seed{seed}"
+            runs[case][label] = {}
+            if args.retime:
+                continue
+            print(f"{wl}: farm tune, {args.trials} trials, seed {seed}", flush=True)
+            wall, db = farm_tune(name, params, "cuda", args.trials, args.search, seed, args.out, label)
+            curve, statuses = farm_curve(db)
+            runs[case][label] = {"wall_s": wall, "statuses": statuses, "best_measured_us": float(np.nanmin(curve))}
+            print(f"  {wall:.0f} s, best measured {runs[case][label]['best_measured_us']:.2f} µs, {statuses}",
+                  flush=True)
+    for case, (_, _, wl) in zip(args.case, cases, strict=True):
+        seeds = runs[case]
+        timing = retime_case(wl, {label: args.out / f"{label}-best.json" for label in seeds})
+        farm_us = [timing[label]["median_us"] for label in seeds]
+        row = {"workload": wl.to_json(), "pytorch": timing["pytorch"], "copy": timing.get("copy"),
+               "seeds": {label: {**seeds[label], **timing[label]} for label in seeds},
+               "farm_median_us": statistics.median(farm_us), "farm_min_us": min(farm_us), "farm_max_us": max(farm_us),
+               "all_correct": all(timing[label]["correct"] for label in seeds)}
+        row["speedup_vs_pytorch"] = timing["pytorch"]["median_us"] / row["farm_median_us"]
+        figures["cases"][case] = row
+        extra = ""
+        if row["copy"]:
+            shares = [timing[label]["share_of_copy_bandwidth"] for label in seeds]
+            extra = (f"; copy {row['copy']['bandwidth_gbs']:.0f} GB/s, farm {statistics.median(shares):.0%} of it "
+                     f"(PyTorch {timing['pytorch']['share_of_copy_bandwidth']:.0%})")
+        print(f"{case}: PyTorch {timing['pytorch']['median_us']:.2f} µs; farm median {row['farm_median_us']:.2f} µs "
+              f"over {len(farm_us)} seeds ({row['farm_min_us']:.2f}-{row['farm_max_us']:.2f}); "
+              f"{row['speedup_vs_pytorch']:.2f}x PyTorch's speed; all correct: {row['all_correct']}{extra}", flush=True)
+        if args.json:  # after every case, so a run cut short keeps what it measured
+            args.json.write_text(json.dumps(figures, indent=1))
+
+if __name__ == "__main__":
+    main()
