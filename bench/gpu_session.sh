@@ -34,6 +34,8 @@ E2E_TRIALS=${E2E_TRIALS:-500}; E2E_GPUS=${E2E_GPUS:-1 2}; E2E_SEEDS=${E2E_SEEDS:
 mkdir -p "$OUT"; rm -f "$OUT/DONE"
 export PYTHONPATH=${PYTHONPATH:-}:$PWD PYTHONUNBUFFERED=1
 nvidia-smi -L | tee "$OUT/gpu.txt"
+nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | sed "s/^/driver: /" \
+  | tee -a "$OUT/gpu.txt"
 # The device bundles are staged without bytecode (../shared/device/make-bundles.sh: no
 # __pycache__, pip --no-compile). Compile it once, as `pip install` does on a real install, so that
 # no measured process compiles TVM's or Ray's sources on import (startup_parts: TVM's import and
