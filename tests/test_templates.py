@@ -168,36 +168,46 @@ def test_resnet_last_conv_space_is_autotvm_tutorial_size() -> None:
     assert space.size == 10_454_400 * extra
 
 
-@pytest.mark.parametrize(("case", "split_k", "fetch"), [
-    ("resnet-last-conv", 8, 0), ("resnet-last-conv", 4, 1), ("matmul-1024", 16, 4), ("matmul-1024", 2, 2),
-    ("matmul-1024", 1, 4), ("spio-grouped", 2, 1),
+@pytest.mark.parametrize(("case", "split_k", "fetch", "pipeline"), [
+    ("resnet-last-conv", 8, 0, 0), ("resnet-last-conv", 64, 1, 0), ("matmul-1024", 16, 4, 0),
+    ("matmul-1024", 2, 2, 1), ("matmul-1024", 1, 4, 2), ("matmul-1024", 4, 0, 2), ("spio-grouped", 2, 1, 0),
 ])
-def test_cuda_tiled_split_k_and_vector_loads_compile_to_what_they_say(case: str, split_k: int, fetch: int) -> None:
+def test_cuda_tiled_split_k_vector_loads_and_pipelining_compile_to_what_they_say(
+        case: str, split_k: int, fetch: int, pipeline: int) -> None:
     """Split-K adds a second kernel that sums the slices' partials (grid z = slices x z blocks);
-    vector fetches load float2/float4; each class passes GPU verification."""
+    vector fetches load float2/float4; pipelining 2 copies with cp.async; each passes GPU
+    verification (which lowers the pipeline, its shared buffers doubled)."""
     wl = _workload(CUDA_CASES[case])
     template = get_template(wl.name, "cuda")
     space, rng = template.space(wl, CUDA), random.Random(case)
+    knobs = {"split_k": split_k, "fetch": fetch, "pipeline": pipeline}
     config = next(c for _ in range(100_000)
                   if template.check(wl, CUDA, c := space.from_json(
-                      {**space.get(rng.randrange(space.size)).to_json(), "split_k": split_k, "fetch": fetch})) is None)
+                      {**space.get(rng.randrange(space.size)).to_json(), **knobs})) is None)
     mod = template.schedule(wl, CUDA, config).mod
     assert verify_gpu(mod, CUDA) is None
     source = tvm.compile(mod, target=CUDA.tvm()).mod.imports[0].inspect_source("")
     assert source.count("__global__") == (2 if split_k > 1 else 1) * 2  # declared, then defined
     if fetch > 1:
         assert f"*(float{fetch}*)(A_ptr" in source and f"*(float{fetch}*)(B_ptr" in source
+    assert ("cp.async" in source) == (pipeline == 2)
 
 
-def test_cuda_tiled_refuses_vector_loads_that_could_be_misaligned() -> None:
+def test_cuda_tiled_refuses_what_could_not_run() -> None:
     wl = make_workload("matmul", dict(M=64, N=66, K=64))
     template = get_template(wl.name, "cuda")
     space = template.space(wl, CUDA)
     config = space.from_json(dict(tile_i=[4, 1, 16, 1], tile_j=[1, 3, 22, 1], tile_k=[4, 4, 4],
-                                  auto_unroll_max_step=0, unroll_explicit=0, split_k=1, fetch=4))
+                                  auto_unroll_max_step=0, unroll_explicit=0, split_k=1, fetch=4, pipeline=0))
     assert "N (66) to be a multiple of 4" in (template.check(wl, CUDA, config) or "")
     config = space.from_json({**config.to_json(), "split_k": 8})
     assert "split_k=8 does not divide the 4 outer steps of k" in (template.check(wl, CUDA, config) or "")
+    config = space.from_json({**config.to_json(), "split_k": 4, "fetch": 1, "pipeline": 1})
+    assert "pipelining needs 2 or more outer steps of k per slice, not 1" in (template.check(wl, CUDA, config) or "")
+    turing = parse_target({"kind": "cuda", "arch": "sm_75"})
+    config = space.from_json({**config.to_json(), "split_k": 1, "pipeline": 2})
+    assert template.check(wl, CUDA, config) is None
+    assert "asynchronous copies need sm_80 or later, not sm_75" in (template.check(wl, turing, config) or "")
 
 
 @pytest.mark.parametrize("preset", [*PRESETS, "matmul-1024"])

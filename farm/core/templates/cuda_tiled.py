@@ -52,12 +52,16 @@ _DIMS = ("z", "y", "x")
 # (blockIdx.z) into a buffer of partial sums, which a second kernel adds up. It fills the GPU
 # when the output alone gives too few blocks (resnet-last-conv: 7x7x512 outputs, a 4,608-long
 # reduction). 1: no split, the tutorial's kernel.
-SPLIT_K = (1, 2, 4, 8, 16, 32)
+SPLIT_K = (1, 2, 4, 8, 16, 32, 64)
 # How the threads copy a tile into shared memory: 0, the tutorial's way (each thread a contiguous
 # run); v >= 1, coalesced (consecutive threads, consecutive elements), v elements per load.
 # Vector loads only where every row of a tile is contiguous in the input: matmul.
 FETCH = {"matmul": (0, 1, 2, 4)}
 FETCH_DEFAULT = (0, 1)
+# Software pipelining of the outer reduction loop (matmul): 0, none; 1, the next step's tiles are
+# loaded into a second shared buffer while this step computes; 2, the same with asynchronous
+# copies (cp.async, sm_80 and later), so the loads need no registers and overlap fully.
+PIPELINE = {"matmul": (0, 1, 2)}
 # Threads per block of the kernel that adds up split-K's partial sums.
 SUM_THREADS = 256
 
@@ -71,7 +75,8 @@ class CudaTiled(Template, name="cuda.tiled", kind="cuda", workloads=tuple(_AXES)
             + [SplitKnob(f"tile_{a}", extents[a], 3) for a in reduce]
             + [ChoiceKnob("auto_unroll_max_step", [0, 512, 1500]), ChoiceKnob("unroll_explicit", [0, 1]),
                ChoiceKnob("split_k", [k for k in SPLIT_K if extents[reduce[0]] % k == 0]),
-               ChoiceKnob("fetch", list(FETCH.get(wl.name, FETCH_DEFAULT)))]
+               ChoiceKnob("fetch", list(FETCH.get(wl.name, FETCH_DEFAULT))),
+               ChoiceKnob("pipeline", list(PIPELINE.get(wl.name, (0,))))]
         )
 
     def check(self, wl: Workload, target: TargetSpec, config: Config) -> str | None:
@@ -94,7 +99,11 @@ class CudaTiled(Template, name="cuda.tiled", kind="cuda", workloads=tuple(_AXES)
             return f"blockIdx.z extent {grid_z} > {CUDA_MAX_GRID_DIM['z']}"
         if (reason := _vector_error(wl, config)) is not None:
             return reason
-        return shared_memory_error(_shared_bytes(wl, config), target)
+        if config["pipeline"] and outer // split < 2:
+            return f"pipelining needs 2 or more outer steps of {reduce[0]} per slice, not {outer // split}"
+        if config["pipeline"] == 2 and int(target.arch.removeprefix("sm_").rstrip("af")) < 80:
+            return f"asynchronous copies need sm_80 or later, not {target.arch}"
+        return shared_memory_error(_shared_bytes(wl, config) * (2 if config["pipeline"] else 1), target)
 
     def schedule(self, wl: Workload, target: TargetSpec, config: Config) -> Any:
         spatial, reduce = _AXES[wl.name]
@@ -166,6 +175,13 @@ class CudaTiled(Template, name="cuda.tiled", kind="cuda", workloads=tuple(_AXES)
             local = sch.cache_read(block, i, "local")
             sch.compute_at(local, reduce_mid[-1])
 
+        if config["pipeline"]:
+            # The loop's body: the two shared copies (stage 0), then the register tiles and the
+            # multiply-adds (stage 1), which run one step behind on the other shared buffers.
+            sch.annotate(reduce_outer[-1], "software_pipeline_stage", [0, 0, 1])
+            sch.annotate(reduce_outer[-1], "software_pipeline_order", [0, 1, 2])
+            if config["pipeline"] == 2:
+                sch.annotate(reduce_outer[-1], "software_pipeline_async_stages", [0])
         annotate_unroll(sch, bound["blockIdx"][0], config["auto_unroll_max_step"],
                         config["unroll_explicit"])
         return sch
