@@ -6,7 +6,11 @@ thread / inner, every reduction axis 3 ways into outer / middle / inner; the inp
 through shared memory at the outer reduction loop with cooperative fetching by all threads of
 the block, then through registers at the middle loop; the output accumulates in a local write
 cache; `auto_unroll_max_step` in {0, 512, 1500} and `unroll_explicit` in {0, 1} tune unrolling.
-For the tutorial's ResNet last layer this space has exactly its 10,454,400 configs.
+Three knobs go beyond the tutorial: `split_k` (the first reduction axis cut into slices whose
+partial sums a second kernel adds up), `fetch` (coalesced and vector loads into shared memory)
+and, for matmul, `pipeline` (double-buffered shared tiles, with cp.async or without). Their
+first values (1, 0, 0) give the tutorial's kernel: for its ResNet last layer that slice of the
+space has exactly the tutorial's 10,454,400 configs.
 
 Spatial axes are grouped onto the z / y / x grid and thread dimensions (conv: batch and
 output channel on z, rows on y, columns on x; matmul: rows on y, columns on x).
