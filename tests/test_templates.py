@@ -256,7 +256,7 @@ def test_d2ltvm_pooling_schedule_is_a_point_of_the_space(preset: str) -> None:
     wl = make_workload(preset)
     sch = new_schedule(wl)
     sch.compute_inline(sch.get_sblock("pad"))
-    out = sch.get_sblock("avg" if wl.p["kind"] == "avg" else "compute")
+    out = sch.get_sblock("epilogue" if wl.p["kind"] == "avg" else "compute")
     fused = sch.fuse(*sch.get_loops(out)[:4])  # sch[Y].op.axis: the output's four axes
     bx, tx = sch.split(fused, [None, 1024])  # nt = the target's max_num_threads
     sch.bind(bx, "blockIdx.x")
@@ -272,3 +272,17 @@ def test_d2ltvm_pooling_schedule_is_a_point_of_the_space(preset: str) -> None:
         knobs["cache_output"] = 0
     config = template.space(wl, CUDA).from_json(knobs)
     tvm.ir.assert_structural_equal(template.schedule(wl, CUDA, config).mod, sch.mod)
+
+
+def test_float16_sums_accumulate_in_float32() -> None:
+    """4096 ones added up in float16 stop at 2048 (2049 is not a float16); in float32 they reach
+    4096, which float16 holds exactly: the kernel's output says which accumulator it used."""
+    wl = make_workload("matmul", dict(M=2, N=3, K=4096, dtype="float16"))
+    template = get_template(wl.name, "llvm")
+    dev = tvm.cpu(0)
+    ones = [np.ones(shape, dtype="float16") for shape in wl.input_shapes()]
+    for config in valid_configs(template, wl, LLVM, count=3):
+        lib = tvm.compile(template.schedule(wl, LLVM, config).mod, target=LLVM.tvm())
+        out = tvm.runtime.tensor(np.zeros(wl.output_shape(), dtype=wl.dtype), dev)
+        lib["main"](*[tvm.runtime.tensor(x, dev) for x in ones], out)
+        assert (out.numpy() == 4096).all(), f"{config.dumps()}: {out.numpy()}"

@@ -4,8 +4,10 @@ A `Workload` is a kernel name plus validated parameters (TOPI-style, see DESIGN.
 definition builds its TE computation with fixed stage names that templates rely on:
 
 - ``pad``: the padded input (absent when the kernel has no padding stage),
-- ``compute``: the main reduction (the stage templates tile),
-- ``avg``: average pooling's division stage.
+- ``compute``: the main reduction (the stage templates tile), accumulating in ``ACCUMULATOR[dtype]``,
+- ``epilogue``: the elementwise stage that turns the accumulators into the output, where there is
+  one: average pooling's division, and the cast back to float16 of a float16 sum (absent for
+  float32 convolutions and matmul, and for max pooling, whose maximum is exact in any dtype).
 
 The argument order of the built function is ``inputs..., output``.
 """
@@ -23,6 +25,11 @@ import numpy as np
 from farm.core.errors import FarmError, brief
 
 DTYPES = ("float32", "float16")
+# The dtype sums accumulate in, per input dtype: float16 products are added up in float32, as
+# cuDNN and cuBLAS do by default, so a float16 kernel loses precision only in its inputs and its
+# one final rounding, and the farm's float16 kernels are compared with the vendors' at equal
+# precision (tensor cores' mma takes float16 in and accumulates in float32 too).
+ACCUMULATOR = {"float32": "float32", "float16": "float32"}
 # Bounds on a workload, checked when it is made (so at submit, before anything is written).
 # Every integer parameter (a size, a stride, a pad) is at most MAX_EXTENT (2^20: a million tokens
 # of a matmul): the config space of a loop is enumerated from its extent's divisors, and no extent
@@ -205,6 +212,21 @@ def _pad_te(data: Any, pad: int, value: Any) -> Any:
     )
 
 
+def _epilogue_te(acc: Any, dtype: str, scale: float | None = None) -> Any:
+    """The output from the accumulators `acc`: scaled by `scale` if given, cast to `dtype`;
+    `acc` itself where there is nothing to do (the ``epilogue`` stage, see the module's doc)."""
+    from tvm import te, tirx
+
+    if scale is None and acc.dtype == dtype:
+        return acc
+
+    def value(*i: Any) -> Any:
+        v = acc(*i) if scale is None else acc(*i) * tirx.const(scale, acc.dtype)
+        return v.astype(dtype)
+
+    return te.compute(acc.shape, value, name="epilogue")
+
+
 def _windows(x: np.ndarray, kh: int, kw: int, stride: int, pad: int, dilation: int,
              fill: float = 0.0) -> np.ndarray:
     """(N, C, OH, OW, KH, KW) view of the padded input's windows."""
@@ -244,14 +266,16 @@ def _conv2d_te(p: Mapping[str, Any]) -> list[Any]:
     rc = te.reduce_axis((0, p["CI"]), name="rc")
     ry = te.reduce_axis((0, p["KH"]), name="ry")
     rx = te.reduce_axis((0, p["KW"]), name="rx")
+    acc = ACCUMULATOR[dt]
     out = te.compute(
         _conv_out(p),
         lambda n, f, y, x: te.sum(
-            padded[n, rc, y * s + ry * d, x * s + rx * d] * kernel[f, rc, ry, rx], axis=[rc, ry, rx]
+            padded[n, rc, y * s + ry * d, x * s + rx * d].astype(acc) * kernel[f, rc, ry, rx].astype(acc),
+            axis=[rc, ry, rx],
         ),
         name="compute",
     )
-    return [data, kernel, out]
+    return [data, kernel, _epilogue_te(out, dt)]
 
 
 def _conv2d_ref(p: Mapping[str, Any], xs: list[np.ndarray]) -> np.ndarray:
@@ -276,15 +300,16 @@ def _dw_te(p: Mapping[str, Any]) -> list[Any]:
     padded = _pad_te(data, p["pad"], tirx.const(0.0, dt))
     ry = te.reduce_axis((0, p["KH"]), name="ry")
     rx = te.reduce_axis((0, p["KW"]), name="rx")
+    acc = ACCUMULATOR[dt]
     out = te.compute(
         _dw_out(p),
         lambda n, c, y, x: te.sum(
-            padded[n, c // m, y * s + ry, x * s + rx] * kernel[c // m, c % m, ry, rx],
+            padded[n, c // m, y * s + ry, x * s + rx].astype(acc) * kernel[c // m, c % m, ry, rx].astype(acc),
             axis=[ry, rx],
         ),
         name="compute",
     )
-    return [data, kernel, out]
+    return [data, kernel, _epilogue_te(out, dt)]
 
 
 def _dw_ref(p: Mapping[str, Any], xs: list[np.ndarray]) -> np.ndarray:
@@ -320,19 +345,21 @@ def _pool_te(p: Mapping[str, Any]) -> list[Any]:
     padded = _pad_te(data, p["pad"], fill)
     ry = te.reduce_axis((0, kh), name="ry")
     rx = te.reduce_axis((0, kw), name="rx")
-    reducer = te.max if p["kind"] == "max" else te.sum
-    pooled = te.compute(
+    if p["kind"] == "max":  # exact in any dtype: no accumulator, no epilogue
+        pooled = te.compute(
+            _pool_out(p),
+            lambda n, c, y, x: te.max(padded[n, c, y * s + ry, x * s + rx], axis=[ry, rx]),
+            name="compute",
+        )
+        return [data, pooled]
+    acc = ACCUMULATOR[dt]
+    summed = te.compute(
         _pool_out(p),
-        lambda n, c, y, x: reducer(padded[n, c, y * s + ry, x * s + rx], axis=[ry, rx]),
+        lambda n, c, y, x: te.sum(padded[n, c, y * s + ry, x * s + rx].astype(acc), axis=[ry, rx]),
         name="compute",
     )
-    if p["kind"] == "max":
-        return [data, pooled]
     # Average over the whole window, padding included (PyTorch's count_include_pad=True).
-    avg = te.compute(
-        pooled.shape, lambda *i: pooled[i] * tirx.const(1.0 / (kh * kw), dt), name="avg"
-    )
-    return [data, avg]
+    return [data, _epilogue_te(summed, dt, scale=1.0 / (kh * kw))]
 
 
 def _pool_ref(p: Mapping[str, Any], xs: list[np.ndarray]) -> np.ndarray:
@@ -366,15 +393,16 @@ def _group_te(p: Mapping[str, Any]) -> list[Any]:
     rc = te.reduce_axis((0, cig), name="rc")
     ry = te.reduce_axis((0, p["KH"]), name="ry")
     rx = te.reduce_axis((0, p["KW"]), name="rx")
+    acc = ACCUMULATOR[dt]
     out = te.compute(
         _conv_out({**p, "dilation": 1}),
         lambda n, f, y, x: te.sum(
-            padded[n, f // cog * cig + rc, y * s + ry, x * s + rx] * kernel[f, rc, ry, rx],
+            padded[n, f // cog * cig + rc, y * s + ry, x * s + rx].astype(acc) * kernel[f, rc, ry, rx].astype(acc),
             axis=[rc, ry, rx],
         ),
         name="compute",
     )
-    return [data, kernel, out]
+    return [data, kernel, _epilogue_te(out, dt)]
 
 
 def _group_ref(p: Mapping[str, Any], xs: list[np.ndarray]) -> np.ndarray:
@@ -396,8 +424,10 @@ def _matmul_te(p: Mapping[str, Any]) -> list[Any]:
     a = te.placeholder((p["M"], p["K"]), p["dtype"], name="A")
     b = te.placeholder((p["K"], p["N"]), p["dtype"], name="B")
     k = te.reduce_axis((0, p["K"]), name="k")
-    c = te.compute((p["M"], p["N"]), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="compute")
-    return [a, b, c]
+    acc = ACCUMULATOR[p["dtype"]]
+    c = te.compute((p["M"], p["N"]), lambda i, j: te.sum(a[i, k].astype(acc) * b[k, j].astype(acc), axis=k),
+                   name="compute")
+    return [a, b, _epilogue_te(c, p["dtype"])]
 
 
 def _no_check(p: Mapping[str, Any]) -> None:

@@ -90,6 +90,21 @@ def has_block(sch: Any, name: str) -> bool:
     return True
 
 
+def fold_epilogue(sch: Any, writer: Any | None, loop: Any) -> None:
+    """Put the workload's ``epilogue`` stage, if it has one (see farm.core.workloads), into the
+    kernel that computes its input: inlined into `writer` when one is given (the spatial block
+    that copies the ``compute`` stage's accumulators out of registers, which then stores the
+    output directly, in its dtype, and the accumulators never reach global memory); otherwise
+    computed under `loop`, right after the reduction that fills them."""
+    if not has_block(sch, "epilogue"):
+        return
+    epilogue = sch.get_sblock("epilogue")
+    if writer is not None:
+        sch.reverse_compute_inline(epilogue)
+    else:
+        sch.reverse_compute_at(epilogue, loop)
+
+
 def split_skipping_units(
     sch: Any, loop: Any, factors: Sequence[int | None], keep: Sequence[int] = ()
 ) -> list[Any | None]:

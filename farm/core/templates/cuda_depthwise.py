@@ -32,6 +32,7 @@ from farm.core.templates.base import (
     annotate_unroll,
     cooperative_fetch,
     dtype_bytes,
+    fold_epilogue,
     has_block,
     new_schedule,
     prod,
@@ -94,6 +95,7 @@ class CudaDepthwise(Template, name="cuda.depthwise", kind="cuda", workloads=("de
         sch.bind(tx, "threadIdx.x")
         if write_cache is not None:
             sch.reverse_compute_at(write_cache, tx)
+        fold_epilogue(sch, write_cache, tx)
 
         if config["cache_input"]:
             # The padded tile is computed straight into shared memory (the padding predicate

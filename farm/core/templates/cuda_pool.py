@@ -5,7 +5,7 @@ Padding is inlined; the output's four axes are fused and split into
 [blocks, per_thread, threads], bound to blockIdx.x / (serial) / threadIdx.x. The per-thread
 loop sits outside the thread loop, so at each step consecutive threads write consecutive
 outputs (coalesced). The window reduction runs in a register: for average pooling the sum
-stage (`compute`) is computed at the `avg` stage's thread loop in local scope (d2ltvm's
+stage (`compute`) is computed at the `epilogue` stage's (the division's) thread loop in local scope (d2ltvm's
 compute_at); for max pooling `cache_output` chooses between accumulating in a register
 (1) and in the output itself (0, d2ltvm's max schedule). Pooling is memory-bound, so the
 rest of the space is the block size (`threads`) and unrolling (`auto_unroll_max_step`,
@@ -55,8 +55,8 @@ class CudaPool(Template, name="cuda.pool", kind="cuda", workloads=("pool2d",)):
         if has_block(sch, "pad"):
             sch.compute_inline(sch.get_sblock("pad"))
         pool = sch.get_sblock("compute")
-        if has_block(sch, "avg"):
-            out = sch.get_sblock("avg")
+        if has_block(sch, "epilogue"):
+            out = sch.get_sblock("epilogue")
             sch.set_scope(pool, 0, "local")
         elif config["cache_output"]:
             out = sch.cache_write(pool, 0, "local")

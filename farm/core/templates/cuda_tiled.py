@@ -30,6 +30,7 @@ from farm.core.templates.base import (
     axis_extents,
     cooperative_fetch,
     dtype_bytes,
+    fold_epilogue,
     new_schedule,
     prod,
     shared_memory_error,
@@ -157,6 +158,8 @@ class CudaTiled(Template, name="cuda.tiled", kind="cuda", workloads=tuple(_AXES)
                 sch.bind(fused, f"{prefix}.{dim}")
                 bound[prefix].append(fused)
         sch.reverse_compute_at(write_cache, bound["threadIdx"][-1])
+        if split == 1:  # with split-K, the partial sums' adder computes the epilogue
+            fold_epilogue(sch, write_cache, None)
 
         # Shared memory at the outer reduction loop, registers at the middle one.
         thread_dims = [dim for dim, _ in levels[2]]
@@ -192,11 +195,13 @@ class CudaTiled(Template, name="cuda.tiled", kind="cuda", workloads=tuple(_AXES)
 
 
 def _schedule_sum(sch: Any, block: Any, spatial: int, threads: int) -> None:
-    """Split-K's second kernel: one thread per output adds up the slices' partial sums."""
+    """Split-K's second kernel: one thread per output adds up the slices' partial sums (and
+    computes the epilogue, if any, from them)."""
     loops = sch.get_loops(block)
     blocks, thread = sch.split(sch.fuse(*loops[:spatial]), [None, threads])
     sch.bind(blocks, "blockIdx.x")
     sch.bind(thread, "threadIdx.x")
+    fold_epilogue(sch, None, thread)
 
 
 def _vector_error(wl: Workload, config: Config) -> str | None:

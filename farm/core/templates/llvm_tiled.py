@@ -13,7 +13,7 @@ The classic register-tiled CPU schedule:
 - `auto_unroll_max_step` for TVM's unroller, always explicit: LLVM code generation ignores TVM's
   implicit unroll hints, so an `unroll_explicit=0` value would only repeat the configs without
   unrolling;
-- average pooling's `avg` stage computed per tile right after the tile's reduction
+- the `epilogue` stage (average pooling's division, float16's cast) computed per tile right after the tile's reduction
   (`reverse_compute_at`), while the sums are still in cache.
 
 The batch axis stays whole, outermost (where `parallel_depth` can take it): leaving it out of
@@ -79,7 +79,7 @@ class LlvmTiled(Template, name="llvm.tiled", kind="llvm", workloads=tuple(_AXES)
                     inner[group].append(i)
         sch.reorder(*outer["spatial"], *outer["reduce"], *inner["reduce"], *inner["spatial"])
 
-        epilogue = sch.get_sblock("avg") if has_block(sch, "avg") else None
+        epilogue = sch.get_sblock("epilogue") if has_block(sch, "epilogue") else None
         if epilogue is not None:
             # Unit loops kept, so the epilogue's innermost loop is always its own (x) loop.
             sch.reverse_compute_at(epilogue, outer["spatial"][-1], preserve_unit_loops=True)
