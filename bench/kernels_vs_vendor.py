@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 from costmodel_common import farm_curve, farm_tune
-from torch_baseline import graph_times, torch_op
+from torch_baseline import graph_times, torch_op, vendor_precision
 
 from farm.core.errors import FarmError
 from farm.core.workloads import Workload, make_workload
@@ -129,9 +129,7 @@ def main() -> None:
         parser.error(f"bad --case: {e}")
     import torch
 
-    torch.backends.cudnn.allow_tf32 = False
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.benchmark = True
+    vendor_precision(torch)
     args.out.mkdir(parents=True, exist_ok=True)
     figures: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                                "cudnn": torch.backends.cudnn.version(), "trials": args.trials,

@@ -51,6 +51,7 @@ CUDA_CASES = {
         "depthwise_conv2d_nchw", dict(N=2, C=8, H=15, W=17, KH=3, KW=3, stride=2, pad=1, multiplier=2)
     ),
     "avgpool-odd": ("pool2d", dict(N=2, C=3, H=15, W=17, KH=3, KW=3, stride=2, pad=1, kind="avg")),
+    "matmul-fp16-tensorcore": ("matmul", dict(M=256, N=128, K=64, dtype="float16")),
 }
 
 
@@ -95,7 +96,7 @@ def relative_error(out: np.ndarray, ref: np.ndarray) -> float:
 @pytest.mark.parametrize("case", LLVM_CASES.values(), ids=LLVM_CASES.keys())
 def test_llvm_template_computes_the_reference(case: tuple[str, dict[str, Any]]) -> None:
     wl = _workload(case)
-    template = get_template(wl.name, "llvm")
+    template = get_template(wl, "llvm")
     inputs = wl.random_inputs(seed=1)
     ref = wl.reference(inputs)
     dev = tvm.cpu(0)
@@ -111,7 +112,7 @@ def test_llvm_template_computes_the_reference(case: tuple[str, dict[str, Any]]) 
 @pytest.mark.parametrize("case", CUDA_CASES.values(), ids=CUDA_CASES.keys())
 def test_cuda_template_compiles_and_passes_gpu_verification(case: tuple[str, dict[str, Any]]) -> None:
     wl = _workload(case)
-    template = get_template(wl.name, "cuda")
+    template = get_template(wl, "cuda")
     for config in valid_configs(template, wl, CUDA, count=10):
         mod = template.schedule(wl, CUDA, config).mod
         reason = verify_gpu(mod, CUDA)
@@ -121,11 +122,11 @@ def test_cuda_template_compiles_and_passes_gpu_verification(case: tuple[str, dic
 
 
 def _cuda_templates() -> list[tuple[Template, Workload]]:
-    """Each cuda template with the first preset it serves."""
+    """Each cuda template with the first case it schedules."""
     out = []
     for template in (t for t in TEMPLATES if t.kind == "cuda"):
-        preset = next(p for p, (name, _, _) in PRESETS.items() if name in template.workloads)
-        out.append((template, make_workload(preset)))
+        wl = next(w for w in map(_workload, CUDA_CASES.values()) if get_template(w, "cuda") is template)
+        out.append((template, wl))
     return out
 
 
@@ -150,7 +151,7 @@ def test_verify_gpu_rejects_too_much_shared_memory(template: Template, wl: Workl
 def test_verify_gpu_rejects_a_grid_too_tall() -> None:
     # One row of outputs per block on blockIdx.y: 70000 rows > CUDA's 65535 blocks.
     wl = make_workload("depthwise_conv2d_nchw", dict(N=1, C=1, H=70000, W=1, KH=1, KW=1))
-    template = get_template(wl.name, "cuda")
+    template = get_template(wl, "cuda")
     config = template.space(wl, CUDA).from_json(dict(
         tile_y=[70000, 1, 1], tile_x=[1, 1, 1], fuse_blocks=1, tile_ry=[1, 1], tile_rx=[1, 1],
         reduce_inside=1, cache_input=0, cache_output=0, auto_unroll_max_step=0, unroll_explicit=0,
@@ -162,7 +163,7 @@ def test_verify_gpu_rejects_a_grid_too_tall() -> None:
 def test_resnet_last_conv_space_is_autotvm_tutorial_size() -> None:
     """The tutorial's space is the slice without split-K (split_k=1) fetched its way (fetch=0)."""
     wl = make_workload("resnet-last-conv")
-    space = get_template(wl.name, "cuda").space(wl, CUDA)
+    space = get_template(wl, "cuda").space(wl, CUDA)
     extra = len(space.knob("split_k")) * len(space.knob("fetch"))
     assert space.knob("split_k").values[0] == 1 and space.knob("fetch").values[0] == 0
     assert space.size == 10_454_400 * extra
@@ -178,7 +179,7 @@ def test_cuda_tiled_split_k_vector_loads_and_pipelining_compile_to_what_they_say
     vector fetches load float2/float4; pipelining 2 copies with cp.async; each passes GPU
     verification (which lowers the pipeline, its shared buffers doubled)."""
     wl = _workload(CUDA_CASES[case])
-    template = get_template(wl.name, "cuda")
+    template = get_template(wl, "cuda")
     space, rng = template.space(wl, CUDA), random.Random(case)
     knobs = {"split_k": split_k, "fetch": fetch, "pipeline": pipeline}
     config = next(c for _ in range(100_000)
@@ -195,7 +196,7 @@ def test_cuda_tiled_split_k_vector_loads_and_pipelining_compile_to_what_they_say
 
 def test_cuda_tiled_refuses_what_could_not_run() -> None:
     wl = make_workload("matmul", dict(M=64, N=66, K=64))
-    template = get_template(wl.name, "cuda")
+    template = get_template(wl, "cuda")
     space = template.space(wl, CUDA)
     config = space.from_json(dict(tile_i=[4, 1, 16, 1], tile_j=[1, 3, 22, 1], tile_k=[4, 4, 4],
                                   auto_unroll_max_step=0, unroll_explicit=0, split_k=1, fetch=4, pipeline=0))
@@ -213,15 +214,23 @@ def test_cuda_tiled_refuses_what_could_not_run() -> None:
 @pytest.mark.parametrize("preset", [*PRESETS, "matmul-1024"])
 def test_llvm_spaces_are_thousands_to_hundreds_of_thousands(preset: str) -> None:
     wl = _workload(CUDA_CASES[preset])
-    assert 1_000 <= get_template(wl.name, "llvm").space(wl, LLVM).size <= 500_000
+    assert 1_000 <= get_template(wl, "llvm").space(wl, LLVM).size <= 500_000
 
 
 def test_every_workload_has_a_template_per_kind() -> None:
+    """Tensor cores for float16 matmul whose sizes are multiples of 16; CUDA cores otherwise."""
     from farm.core.workloads import WORKLOADS
 
-    for name in WORKLOADS:
-        assert get_template(name, "llvm").name == "llvm.tiled"
-        assert get_template(name, "cuda").name in {"cuda.tiled", "cuda.depthwise", "cuda.pool"}
+    cases = [_workload(case) for case in LLVM_CASES.values()]
+    assert {wl.name for wl in cases} == set(WORKLOADS)
+    for wl in cases:
+        assert get_template(wl, "llvm").name == "llvm.tiled"
+        assert get_template(wl, "cuda").name in {"cuda.tiled", "cuda.depthwise", "cuda.pool"}
+    assert get_template(make_workload("matmul", dict(M=64, N=32, K=16, dtype="float16")), "cuda").name \
+        == "cuda.tensorcore"
+    assert get_template(make_workload("matmul", dict(M=64, N=32, K=16)), "cuda").name == "cuda.tiled"
+    assert get_template(make_workload("matmul", dict(M=64, N=32, K=24, dtype="float16")), "cuda").name \
+        == "cuda.tiled"
 
 
 def test_blog_v4_depthwise_schedule_is_a_point_of_the_space() -> None:
@@ -241,7 +250,7 @@ def test_blog_v4_depthwise_schedule_is_a_point_of_the_space() -> None:
     sch.bind(w_inner, "threadIdx.x")
     sch.compute_inline(sch.get_sblock("pad"))
 
-    template = get_template(wl.name, "cuda")
+    template = get_template(wl, "cuda")
     v4 = template.space(wl, CUDA).from_json(dict(
         tile_y=[1, 16, 1], tile_x=[2, 16, 1], fuse_blocks=1, tile_ry=[7, 1], tile_rx=[7, 1],
         reduce_inside=1, cache_input=0, cache_output=0, auto_unroll_max_step=0, unroll_explicit=0,
@@ -266,7 +275,7 @@ def test_d2ltvm_pooling_schedule_is_a_point_of_the_space(preset: str) -> None:
         sch.set_scope(pool_sum, 0, "local")  # implicit in TE, explicit in s_tir
         sch.compute_at(pool_sum, tx)
 
-    template = get_template(wl.name, "cuda")
+    template = get_template(wl, "cuda")
     knobs: dict[str, Any] = dict(threads=1024, per_thread=1, auto_unroll_max_step=0, unroll_explicit=0)
     if wl.p["kind"] == "max":
         knobs["cache_output"] = 0
@@ -278,7 +287,7 @@ def test_float16_sums_accumulate_in_float32() -> None:
     """4096 ones added up in float16 stop at 2048 (2049 is not a float16); in float32 they reach
     4096, which float16 holds exactly: the kernel's output says which accumulator it used."""
     wl = make_workload("matmul", dict(M=2, N=3, K=4096, dtype="float16"))
-    template = get_template(wl.name, "llvm")
+    template = get_template(wl, "llvm")
     dev = tvm.cpu(0)
     ones = [np.ones(shape, dtype="float16") for shape in wl.input_shapes()]
     for config in valid_configs(template, wl, LLVM, count=3):
@@ -286,3 +295,43 @@ def test_float16_sums_accumulate_in_float32() -> None:
         out = tvm.runtime.tensor(np.zeros(wl.output_shape(), dtype=wl.dtype), dev)
         lib["main"](*[tvm.runtime.tensor(x, dev) for x in ones], out)
         assert (out.numpy() == 4096).all(), f"{config.dumps()}: {out.numpy()}"
+
+
+@pytest.mark.parametrize("pipeline", [0, 1, 2])
+def test_cuda_tensorcore_compiles_to_wmma_with_float32_accumulators(pipeline: int) -> None:
+    """Fragments loaded, multiplied and stored by WMMA on float32 accumulators, the float16 output
+    written from shared memory by 16-byte stores; pipelining 2 copies with cp.async."""
+    wl = _workload(CUDA_CASES["matmul-fp16-tensorcore"])
+    template = get_template(wl, "cuda")
+    config = template.space(wl, CUDA).from_json(dict(
+        tile_i=[4, 2, 2], tile_j=[2, 2, 2], tile_k=[2, 2], vector=8, pad=8, pipeline=pipeline,
+        auto_unroll_max_step=64))
+    assert template.check(wl, CUDA, config) is None
+    mod = template.schedule(wl, CUDA, config).mod
+    assert verify_gpu(mod, CUDA) is None
+    source = tvm.compile(mod, target=CUDA.tvm()).mod.imports[0].inspect_source("")
+    for call in ("load_matrix_sync", "mma_sync", "store_matrix_sync", "fill_fragment"):
+        assert f"nvcuda::wmma::{call}" in source, call
+    assert "wmma::accumulator, 16, 16, 16, float>" in source
+    assert ("cp.async" in source) == (pipeline == 2)
+
+
+def test_cuda_tensorcore_refuses_what_could_not_run() -> None:
+    wl = _workload(CUDA_CASES["matmul-fp16-tensorcore"])
+    template = get_template(wl, "cuda")
+    space = template.space(wl, CUDA)
+    good = dict(tile_i=[4, 2, 2], tile_j=[2, 2, 2], tile_k=[2, 2], vector=8, pad=0, pipeline=1,
+                auto_unroll_max_step=0)
+    assert template.check(wl, CUDA, space.from_json(good)) is None
+
+    def why(**knobs: Any) -> str:
+        return template.check(wl, CUDA, space.from_json({**good, **knobs})) or ""
+
+    assert "tensor cores need sm_70 or later, not sm_61" in (
+        template.check(wl, parse_target({"kind": "cuda", "arch": "sm_61"}), space.from_json(good)) or "")
+    assert "asynchronous copies need sm_80 or later, not sm_75" in (
+        template.check(wl, parse_target({"kind": "cuda", "arch": "sm_75"}), space.from_json({**good, "pipeline": 2}))
+        or "")
+    assert "16x2 accumulator fragments per warp > 16" in why(tile_i=[1, 1, 16], tile_j=[2, 2, 2])
+    assert "pipelining needs 2 or more outer steps of k, not 1" in why(tile_k=[1, 4])
+    assert "do not split into 128 threads x 8" in why(tile_i=[16, 1, 1], tile_j=[1, 4, 2], tile_k=[4, 1])

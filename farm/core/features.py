@@ -49,6 +49,9 @@ SPLIT_ROLES: dict[str, dict[str, tuple[str, ...]]] = {
     "cuda.tiled": {"spatial": ("blocks", "vthreads", "threads", "inner"), "reduce": ("outer", "middle", "inner")},
     "cuda.depthwise": {"spatial": ("blocks", "threads", "inner"), "reduce": ("outer", "inner")},
     "llvm.tiled": {"spatial": ("outer", "inner"), "reduce": ("outer", "inner")},
+    # Its splits count 16x16x16 fragments, not elements: its tiles and footprints are those in
+    # elements divided by a constant (16 per axis), which a tree model learns alike.
+    "cuda.tensorcore": {"spatial": ("blocks", "warps", "fragments"), "reduce": ("outer", "fragments")},
 }
 LEVELS = ("outer", "inner")
 

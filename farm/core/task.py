@@ -22,7 +22,7 @@ class Task:
 
     @cached_property
     def template(self) -> Template:
-        return get_template(self.workload.name, self.target.kind)
+        return get_template(self.workload, self.target.kind)
 
     @cached_property
     def space(self) -> ConfigSpace:

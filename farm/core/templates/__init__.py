@@ -6,18 +6,22 @@ from farm.core.errors import FarmError
 from farm.core.templates.base import Template
 from farm.core.templates.cuda_depthwise import CudaDepthwise
 from farm.core.templates.cuda_pool import CudaPool
+from farm.core.templates.cuda_tensorcore import CudaTensorCore
 from farm.core.templates.cuda_tiled import CudaTiled
 from farm.core.templates.llvm_tiled import LlvmTiled
+from farm.core.workloads import Workload
 
-TEMPLATES: list[Template] = [CudaTiled(), CudaDepthwise(), CudaPool(), LlvmTiled()]
+# In order of preference: the first that applies to a workload schedules it (tensor cores, where
+# the dtype and shape allow them, before CUDA cores).
+TEMPLATES: list[Template] = [CudaTensorCore(), CudaTiled(), CudaDepthwise(), CudaPool(), LlvmTiled()]
 
 
-def get_template(workload: str, kind: str) -> Template:
+def get_template(workload: Workload, kind: str) -> Template:
     """The template for `workload` on target `kind`; FarmError if there is none."""
     for template in TEMPLATES:
-        if template.kind == kind and workload in template.workloads:
+        if template.kind == kind and workload.name in template.workloads and template.applies(workload):
             return template
-    raise FarmError(f"no {kind} template for workload {workload!r}")
+    raise FarmError(f"no {kind} template for workload {workload.name!r}")
 
 
 __all__ = ["TEMPLATES", "Template", "get_template"]

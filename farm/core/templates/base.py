@@ -42,6 +42,10 @@ class Template(ABC):
         super().__init_subclass__(**kwargs)
         cls.name, cls.kind, cls.workloads = name, kind, tuple(workloads)
 
+    def applies(self, wl: Workload) -> bool:
+        """Whether this template can schedule `wl` (one of its `workloads`), e.g. its dtype and shape."""
+        return True
+
     @abstractmethod
     def space(self, wl: Workload, target: TargetSpec) -> ConfigSpace:
         """The knobs for this workload's shape (a pure function of its arguments)."""

@@ -1,0 +1,189 @@
+"""CUDA tensor cores for float16 matmul: WMMA 16x16x16 tiles, float32 accumulators.
+
+The structure of TVM's tensor-core schedules (MetaSchedule's MultiLevelTilingTensorCore, the
+TensorIR tensorize tests): the output is tiled into 16x16 fragments, grouped
+[block, warp, fragments per warp, 16] on each spatial axis, and the reduction into
+[outer, fragments per step, 16]:
+
+- each block stages a (rows x k-chunk) tile of A and a (k-chunk x columns) tile of B in shared
+  memory per outer step, fetched by all its threads with vector loads (`vector`: 1 to 8 halves,
+  16 bytes at most), rows padded by `pad` halves so that the fragment loads of neighbouring rows
+  fall in different banks;
+- each warp loads its fragments (``wmma.matrix_a`` / ``wmma.matrix_b``) from shared memory and
+  runs ``wmma::mma_sync`` on float32 accumulators (``wmma.accumulator``), which it stores to a
+  shared tile at the end; the block's threads then cast that tile to float16 and write it out
+  with coalesced stores (the workload's ``epilogue``);
+- `pipeline` double-buffers the shared tiles (1), with asynchronous copies on sm_80 and later (2),
+  so the next step's tiles load while this one computes; `auto_unroll_max_step` unrolls.
+
+Every fragment is a full 16x16x16 tile, so M, N and K must be multiples of 16 (`applies`):
+other shapes stay on `cuda.tiled`. The intrinsics are TVM's own
+(`tvm.s_tir.tensor_intrin.cuda`, the WMMA_*_16x16x16 family).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from farm.core.space import ChoiceKnob, Config, ConfigSpace, SplitKnob
+from farm.core.targets import TargetSpec
+from farm.core.templates.base import (
+    CUDA_MAX_GRID_DIM,
+    Template,
+    annotate_unroll,
+    fold_epilogue,
+    new_schedule,
+    shared_memory_error,
+)
+from farm.core.workloads import Workload
+
+FRAGMENT = 16  # WMMA's m = n = k for float16 inputs
+WARP = 32
+# A warp holds its accumulators in registers: 8 float32 per thread per 16x16 fragment. At most
+# 16 fragments (128 registers) leave room for the A and B fragments and addresses under CUDA's
+# 255 registers per thread.
+MAX_ACCUMULATORS = 16
+VECTOR = (1, 2, 4, 8)  # halves per load into shared memory (8: one 128-bit load)
+PAD = (0, 8)  # halves added to each shared row (8: 16 bytes, keeps WMMA's 16-byte row alignment)
+PIPELINE = (0, 1, 2)
+UNROLL = (0, 64, 512)
+
+
+def arch_number(target: TargetSpec) -> int:
+    """The compute capability of `target` as an int (sm_90a -> 90)."""
+    return int(target.arch.removeprefix("sm_").rstrip("af"))
+
+
+class CudaTensorCore(Template, name="cuda.tensorcore", kind="cuda", workloads=("matmul",)):
+    def applies(self, wl: Workload) -> bool:
+        p = wl.p
+        return wl.dtype == "float16" and all(p[a] % FRAGMENT == 0 for a in ("M", "N", "K"))
+
+    def space(self, wl: Workload, target: TargetSpec) -> ConfigSpace:
+        p = wl.p
+        return ConfigSpace([
+            SplitKnob("tile_i", p["M"] // FRAGMENT, 3),  # blocks, warps, fragments per warp
+            SplitKnob("tile_j", p["N"] // FRAGMENT, 3),
+            SplitKnob("tile_k", p["K"] // FRAGMENT, 2),  # outer steps, fragments per step
+            ChoiceKnob("vector", list(VECTOR)),
+            ChoiceKnob("pad", list(PAD)),
+            ChoiceKnob("pipeline", list(PIPELINE)),
+            ChoiceKnob("auto_unroll_max_step", list(UNROLL)),
+        ])
+
+    def check(self, wl: Workload, target: TargetSpec, config: Config) -> str | None:
+        if arch_number(target) < 70:
+            return f"tensor cores need sm_70 or later, not {target.arch}"
+        (blocks_i, warps_i, frags_i), (_, warps_j, frags_j) = config["tile_i"], config["tile_j"]
+        threads = warps_i * warps_j * WARP
+        if threads > target.limit("max_threads_per_block"):
+            return f"{threads} threads per block > {target.limit('max_threads_per_block')}"
+        if frags_i * frags_j > MAX_ACCUMULATORS:
+            return f"{frags_i}x{frags_j} accumulator fragments per warp > {MAX_ACCUMULATORS}"
+        if blocks_i > CUDA_MAX_GRID_DIM["y"]:
+            return f"blockIdx.y extent {blocks_i} > {CUDA_MAX_GRID_DIM['y']}"
+        steps = config["tile_k"][0]
+        rows, cols, depth = _tile(config)
+        vector = config["vector"]
+        # Every thread copies whole vectors, and each of a tile's rows holds whole vectors.
+        for what, size in (("the A tile", rows * depth), ("the B tile", depth * cols)):
+            if size % (threads * vector):
+                return f"{what}'s {size} halves do not split into {threads} threads x {vector}"
+        if config["pipeline"] and steps < 2:
+            return f"pipelining needs 2 or more outer steps of k, not {steps}"
+        if config["pipeline"] == 2 and arch_number(target) < 80:
+            return f"asynchronous copies need sm_80 or later, not {target.arch}"
+        return shared_memory_error(_shared_bytes(config), target)
+
+    def schedule(self, wl: Workload, target: TargetSpec, config: Config) -> Any:
+        import tvm.s_tir.tensor_intrin.cuda as intrin
+
+        sch = new_schedule(wl)
+        block = sch.get_sblock("compute")
+        i, j, k = sch.get_loops(block)
+        i_block, i_warp, i_frag, i_16 = sch.split(i, [*config["tile_i"], FRAGMENT])
+        j_block, j_warp, j_frag, j_16 = sch.split(j, [*config["tile_j"], FRAGMENT])
+        k_outer, k_frag, k_16 = sch.split(k, [*config["tile_k"], FRAGMENT])
+        sch.reorder(i_block, j_block, i_warp, j_warp, k_outer, k_frag, i_frag, j_frag, i_16, j_16, k_16)
+        sch.bind(i_block, "blockIdx.y")
+        sch.bind(j_block, "blockIdx.x")
+        warp = sch.fuse(i_warp, j_warp)
+        sch.bind(warp, "threadIdx.y")
+        warps = config["tile_i"][1] * config["tile_j"][1]
+
+        # Accumulators: fragments per warp, stored into a shared tile, written out by the block.
+        out_shared = sch.cache_write(block, 0, "shared")
+        accumulator = sch.cache_write(block, 0, "wmma.accumulator")
+        sch.reverse_compute_at(accumulator, warp)
+        sch.reverse_compute_at(out_shared, j_block)
+        fold_epilogue(sch, out_shared, None)
+        _spread(sch, out_shared, warps, 1)
+        _tensorize_tiles(sch, accumulator, 2, intrin.WMMA_STORE_16x16x16_F32_SHARED_INTRIN)
+
+        # Inputs: shared tiles per outer step, fragments per inner step.
+        for index, (scope, load) in enumerate((("wmma.matrix_a", intrin.WMMA_LOAD_16x16x16_F16_A_DYN_INTRIN),
+                                               ("wmma.matrix_b", intrin.WMMA_LOAD_16x16x16_F16_B_DYN_INTRIN))):
+            shared = sch.cache_read(block, index, "shared.dyn")
+            sch.compute_at(shared, k_outer)
+            if config["pad"]:
+                sch.storage_align(shared, 0, axis=-2, factor=32, offset=config["pad"])
+            _spread(sch, shared, warps, config["vector"])
+            fragment = sch.cache_read(block, index, scope)
+            sch.compute_at(fragment, k_frag)
+            _tensorize_tiles(sch, fragment, 2, load)
+
+        init = sch.decompose_reduction(block, k_outer)
+        sch.tensorize(sch.get_loops(init)[-2], intrin.WMMA_FILL_16x16x16_F32_INTRIN)
+        sch.tensorize(i_16, intrin.WMMA_SYNC_16x16x16_f16f16f32_INTRIN)
+
+        if config["pipeline"]:
+            # The loop's body: the two shared copies (stage 0), then the fragment loads and the
+            # mma (stage 1), which run one step behind on the other shared buffers.
+            sch.annotate(k_outer, "software_pipeline_stage", [0, 0, 1])
+            sch.annotate(k_outer, "software_pipeline_order", [0, 1, 2])
+            if config["pipeline"] == 2:
+                sch.annotate(k_outer, "software_pipeline_async_stages", [0])
+        annotate_unroll(sch, i_block, config["auto_unroll_max_step"], 1)
+        return sch
+
+
+def _tile(config: Config) -> tuple[int, int, int]:
+    """A block's output rows, output columns and k-chunk, in elements."""
+    _, warps_i, frags_i = config["tile_i"]
+    _, warps_j, frags_j = config["tile_j"]
+    return warps_i * frags_i * FRAGMENT, warps_j * frags_j * FRAGMENT, config["tile_k"][1] * FRAGMENT
+
+
+def _shared_bytes(config: Config) -> int:
+    """Shared memory per block: the A and B tiles in float16 (twice when pipelined, rows padded),
+    and the float32 output tile the accumulators are stored into. The inputs' tiles are dynamic
+    shared memory, the output's static: in one dynamic buffer TVM 0.27 would reuse the inputs'
+    bytes for it, but its merge pass then types the float32 tile's pointers as float16 and
+    fails (`tvm_access_ptr element type must match the source buffer`) whenever the inputs'
+    tiles are the larger."""
+    rows, cols, depth = _tile(config)
+    pad = config["pad"]
+    inputs = (rows * (depth + pad) + depth * (cols + pad)) * 2
+    return inputs * (2 if config["pipeline"] else 1) + rows * cols * 4
+
+
+def _spread(sch: Any, block: Any, warps: int, vector: int) -> None:
+    """All the block's threads copy `block`'s tile: its loops fused, split over
+    ``threadIdx.y`` (warps) and ``threadIdx.x`` (lanes), `vector` consecutive elements each."""
+    ndim = len(sch.get(block).writes[0].region)
+    fused = sch.fuse(*sch.get_loops(block)[-ndim:])
+    _, ty, tx, lanes = sch.split(fused, [None, warps, WARP, vector])
+    sch.bind(ty, "threadIdx.y")
+    sch.bind(tx, "threadIdx.x")
+    if vector > 1:
+        sch.vectorize(lanes)
+
+
+def _tensorize_tiles(sch: Any, block: Any, ndim: int, intrinsic: str) -> None:
+    """Cut `block`'s last `ndim` = 2 loops (whole numbers of 16x16 fragments) into fragments and
+    replace each fragment's 16x16 loop nest by `intrinsic`."""
+    rows, cols = sch.get_loops(block)[-ndim:]
+    row_frag, row_16 = sch.split(rows, [None, FRAGMENT])
+    col_frag, col_16 = sch.split(cols, [None, FRAGMENT])
+    sch.reorder(row_frag, col_frag, row_16, col_16)
+    sch.tensorize(row_16, intrinsic)
