@@ -52,6 +52,10 @@ CUDA_CASES = {
     ),
     "avgpool-odd": ("pool2d", dict(N=2, C=3, H=15, W=17, KH=3, KW=3, stride=2, pad=1, kind="avg")),
     "matmul-fp16-tensorcore": ("matmul", dict(M=256, N=128, K=64, dtype="float16")),
+    "conv2d-fp16-tensorcore": ("conv2d_nchw", dict(N=2, CI=16, H=8, W=8, CO=32, KH=3, KW=3, pad=1, dtype="float16")),
+    "conv2d-fp16-tensorcore-stride2": (
+        "conv2d_nchw", dict(N=4, CI=32, H=16, W=16, CO=16, KH=3, KW=3, stride=2, pad=1, dtype="float16")
+    ),
 }
 
 
@@ -229,6 +233,10 @@ def test_every_workload_has_a_template_per_kind() -> None:
     assert get_template(make_workload("matmul", dict(M=64, N=32, K=16, dtype="float16")), "cuda").name \
         == "cuda.tensorcore"
     assert get_template(make_workload("matmul", dict(M=64, N=32, K=16)), "cuda").name == "cuda.tiled"
+    # conv2d as a matrix product: CO=32, N*OH*OW=2*8*8 and CI*KH*KW=16*3*3 are multiples of 16.
+    conv = dict(N=2, CI=16, H=8, W=8, CO=32, KH=3, KW=3, pad=1, dtype="float16")
+    assert get_template(make_workload("conv2d_nchw", conv), "cuda").name == "cuda.tensorcore"
+    assert get_template(make_workload("conv2d_nchw", {**conv, "N": 1, "H": 7}), "cuda").name == "cuda.tiled"
     assert get_template(make_workload("matmul", dict(M=64, N=32, K=24, dtype="float16")), "cuda").name \
         == "cuda.tiled"
 
@@ -314,6 +322,43 @@ def test_cuda_tensorcore_compiles_to_wmma_with_float32_accumulators(pipeline: in
         assert f"nvcuda::wmma::{call}" in source, call
     assert "wmma::accumulator, 16, 16, 16, float>" in source
     assert ("cp.async" in source) == (pipeline == 2)
+
+
+@pytest.mark.parametrize("params", [
+    dict(N=2, CI=3, H=7, W=6, CO=5, KH=3, KW=3, pad=1),
+    dict(N=1, CI=4, H=11, W=9, CO=6, KH=3, KW=2, stride=2, pad=1),
+    dict(N=1, CI=2, H=12, W=12, CO=4, KH=3, KW=3, pad=2, dilation=2),
+    dict(N=1, CI=4, H=5, W=5, CO=3, KH=1, KW=1),
+], ids=["pad", "stride2", "dilation2", "1x1"])
+def test_conv2d_rewritten_as_a_matrix_product_computes_the_reference(params: dict[str, Any]) -> None:
+    """The implicit GEMM of cuda.tensorcore (the kernel as W[f, k], the input's im2col view as
+    X[k, pixel], the output as C[f, pixel]), left unscheduled and compiled for the CPU, computes
+    the conv2d: every index of the rewrite is checked here, where no GPU is needed."""
+    from farm.core.templates.cuda_tensorcore import _as_matmul, gemm_extents
+
+    wl = make_workload("conv2d_nchw", params)
+    sch = new_schedule(wl)
+    block = sch.get_sblock("compute")
+    assert _as_matmul(sch, block, wl)[0] == (0, 1)
+    assert tuple(int(loop.extent) for loop in map(sch.get, sch.get_loops(block))) == gemm_extents(wl)
+    inputs = wl.random_inputs(seed=2)
+    dev = tvm.cpu(0)
+    out = tvm.runtime.tensor(np.full(wl.output_shape(), np.nan, dtype=wl.dtype), dev)
+    tvm.compile(sch.mod, target=LLVM.tvm())["main"](*[tvm.runtime.tensor(x, dev) for x in inputs], out)
+    assert relative_error(out.numpy(), wl.reference(inputs)) <= wl.tolerance()
+
+
+def test_cuda_tensorcore_conv2d_gathers_its_tiles_from_the_input() -> None:
+    """No im2col buffer: the kernel's and the input's tiles are read from `kernel` and `data`
+    straight into shared memory, and the output is written from the shared tile into `epilogue`."""
+    wl = _workload(CUDA_CASES["conv2d-fp16-tensorcore"])
+    template = get_template(wl, "cuda")
+    for config in valid_configs(template, wl, CUDA, count=3):
+        func = template.schedule(wl, CUDA, config).mod["main"]
+        script = func.script()
+        assert "reindex_reindex" not in script and "pad = T.sblock_alloc_buffer" not in script
+        allocated = [buf.scope() for buf in func.body.block.alloc_buffers]
+        assert all(scope != "global" for scope in allocated), allocated
 
 
 def test_cuda_tensorcore_refuses_what_could_not_run() -> None:

@@ -267,10 +267,12 @@ def _conv2d_te(p: Mapping[str, Any]) -> list[Any]:
     ry = te.reduce_axis((0, p["KH"]), name="ry")
     rx = te.reduce_axis((0, p["KW"]), name="rx")
     acc = ACCUMULATOR[dt]
+    # The kernel first: the product then reads as the matrix product W[f, k] * X[k, pixel] that
+    # the tensor-core template rewrites it into, in the operand order of TVM's intrinsics.
     out = te.compute(
         _conv_out(p),
         lambda n, f, y, x: te.sum(
-            padded[n, rc, y * s + ry * d, x * s + rx * d].astype(acc) * kernel[f, rc, ry, rx].astype(acc),
+            kernel[f, rc, ry, rx].astype(acc) * padded[n, rc, y * s + ry * d, x * s + rx * d].astype(acc),
             axis=[rc, ry, rx],
         ),
         name="compute",

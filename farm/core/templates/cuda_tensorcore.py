@@ -1,4 +1,12 @@
-"""CUDA tensor cores for float16 matmul: WMMA 16x16x16 tiles, float32 accumulators.
+"""CUDA tensor cores for float16 matmul and conv2d: WMMA 16x16x16 tiles, float32 accumulators.
+
+A conv2d is scheduled as the matrix product it is (implicit GEMM, as cuDNN's and MetaSchedule's
+tensor-core convolutions): C[f, p] = sum_k W[f, k] * X[k, p] with f the output channel, p the
+output pixel (n, y, x) and k the reduction (c, ky, kx). `_as_matmul` rewrites the ``compute``
+stage into that form (TVM's ``reindex``, ``transform_layout`` and ``transform_block_layout``);
+W is the kernel as it lies in memory, X the im2col view of the padded input, never stored: its
+tiles are gathered straight from the input into shared memory (the ``pad`` and ``reindex``
+stages inlined into those copies), and the output tile is written back in NCHW order.
 
 The structure of TVM's tensor-core schedules (MetaSchedule's MultiLevelTilingTensorCore, the
 TensorIR tensorize tests): the output is tiled into 16x16 fragments, grouped
@@ -16,13 +24,15 @@ TensorIR tensorize tests): the output is tiled into 16x16 fragments, grouped
 - `pipeline` double-buffers the shared tiles (1), with asynchronous copies on sm_80 and later (2),
   so the next step's tiles load while this one computes; `auto_unroll_max_step` unrolls.
 
-Every fragment is a full 16x16x16 tile, so M, N and K must be multiples of 16 (`applies`):
-other shapes stay on `cuda.tiled`. The intrinsics are TVM's own
+Every fragment is a full 16x16x16 tile, so the product's M, N and K (for a conv2d: CO, N*OH*OW
+and CI*KH*KW) must be multiples of 16 (`applies`): other shapes stay on `cuda.tiled`. The intrinsics are TVM's own
 (`tvm.s_tir.tensor_intrin.cuda`, the WMMA_*_16x16x16 family).
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from typing import Any
 
 from farm.core.space import ChoiceKnob, Config, ConfigSpace, SplitKnob
@@ -32,6 +42,7 @@ from farm.core.templates.base import (
     Template,
     annotate_unroll,
     fold_epilogue,
+    has_block,
     new_schedule,
     shared_memory_error,
 )
@@ -54,17 +65,25 @@ def arch_number(target: TargetSpec) -> int:
     return int(target.arch.removeprefix("sm_").rstrip("af"))
 
 
-class CudaTensorCore(Template, name="cuda.tensorcore", kind="cuda", workloads=("matmul",)):
+def gemm_extents(wl: Workload) -> tuple[int, int, int]:
+    """M, N and K of the matrix product `wl` computes (module doc): a matmul's own, a conv2d's
+    output channels, output pixels and reduction length."""
+    if wl.name == "matmul":
+        return wl.p["M"], wl.p["N"], wl.p["K"]
+    n, co, oh, ow, *reduction = wl.compute_extents()
+    return co, n * oh * ow, math.prod(reduction)
+
+
+class CudaTensorCore(Template, name="cuda.tensorcore", kind="cuda", workloads=("matmul", "conv2d_nchw")):
     def applies(self, wl: Workload) -> bool:
-        p = wl.p
-        return wl.dtype == "float16" and all(p[a] % FRAGMENT == 0 for a in ("M", "N", "K"))
+        return wl.dtype == "float16" and all(extent % FRAGMENT == 0 for extent in gemm_extents(wl))
 
     def space(self, wl: Workload, target: TargetSpec) -> ConfigSpace:
-        p = wl.p
+        m, n, k = gemm_extents(wl)
         return ConfigSpace([
-            SplitKnob("tile_i", p["M"] // FRAGMENT, 3),  # blocks, warps, fragments per warp
-            SplitKnob("tile_j", p["N"] // FRAGMENT, 3),
-            SplitKnob("tile_k", p["K"] // FRAGMENT, 2),  # outer steps, fragments per step
+            SplitKnob("tile_i", m // FRAGMENT, 3),  # blocks, warps, fragments per warp
+            SplitKnob("tile_j", n // FRAGMENT, 3),
+            SplitKnob("tile_k", k // FRAGMENT, 2),  # outer steps, fragments per step
             ChoiceKnob("vector", list(VECTOR)),
             ChoiceKnob("pad", list(PAD)),
             ChoiceKnob("pipeline", list(PIPELINE)),
@@ -100,6 +119,7 @@ class CudaTensorCore(Template, name="cuda.tensorcore", kind="cuda", workloads=("
 
         sch = new_schedule(wl)
         block = sch.get_sblock("compute")
+        reads, gathers, scatter = _as_matmul(sch, block, wl)
         i, j, k = sch.get_loops(block)
         i_block, i_warp, i_frag, i_16 = sch.split(i, [*config["tile_i"], FRAGMENT])
         j_block, j_warp, j_frag, j_16 = sch.split(j, [*config["tile_j"], FRAGMENT])
@@ -116,13 +136,15 @@ class CudaTensorCore(Template, name="cuda.tensorcore", kind="cuda", workloads=("
         accumulator = sch.cache_write(block, 0, "wmma.accumulator")
         sch.reverse_compute_at(accumulator, warp)
         sch.reverse_compute_at(out_shared, j_block)
+        if scatter is not None:  # the product's C back into the output's NCHW layout
+            sch.reverse_compute_inline(scatter)
         fold_epilogue(sch, out_shared, None)
         _spread(sch, out_shared, warps, 1)
         _tensorize_tiles(sch, accumulator, 2, intrin.WMMA_STORE_16x16x16_F32_SHARED_INTRIN)
 
         # Inputs: shared tiles per outer step, fragments per inner step.
-        for index, (scope, load) in enumerate((("wmma.matrix_a", intrin.WMMA_LOAD_16x16x16_F16_A_DYN_INTRIN),
-                                               ("wmma.matrix_b", intrin.WMMA_LOAD_16x16x16_F16_B_DYN_INTRIN))):
+        for index, scope, load in ((reads[0], "wmma.matrix_a", intrin.WMMA_LOAD_16x16x16_F16_A_DYN_INTRIN),
+                                   (reads[1], "wmma.matrix_b", intrin.WMMA_LOAD_16x16x16_F16_B_DYN_INTRIN)):
             shared = sch.cache_read(block, index, "shared.dyn")
             sch.compute_at(shared, k_outer)
             if config["pad"]:
@@ -132,6 +154,8 @@ class CudaTensorCore(Template, name="cuda.tensorcore", kind="cuda", workloads=("
             sch.compute_at(fragment, k_frag)
             _tensorize_tiles(sch, fragment, 2, load)
 
+        for gather in gathers:  # W's and X's reads from the inputs, into the shared copies
+            sch.compute_inline(gather)
         init = sch.decompose_reduction(block, k_outer)
         sch.tensorize(sch.get_loops(init)[-2], intrin.WMMA_FILL_16x16x16_F32_INTRIN)
         sch.tensorize(i_16, intrin.WMMA_SYNC_16x16x16_f16f16f32_INTRIN)
@@ -145,6 +169,58 @@ class CudaTensorCore(Template, name="cuda.tensorcore", kind="cuda", workloads=("
                 sch.annotate(k_outer, "software_pipeline_async_stages", [0])
         annotate_unroll(sch, i_block, config["auto_unroll_max_step"], 1)
         return sch
+
+
+def _as_matmul(sch: Any, block: Any, wl: Workload) -> tuple[tuple[int, int], list[Any], Any | None]:
+    """Rewrite `block` (the ``compute`` stage) as C[i, j] += A[i, k] * B[k, j] over three loops.
+
+    Returns the indices of A and B among the block's reads; the blocks that produce A and B from
+    the inputs, to be inlined into the shared copies once those exist; and the block that copies
+    C into the output's layout (None for a matmul, which needs none of these).
+    """
+    if wl.name == "matmul":
+        return (0, 1), [], None
+    from tvm.tirx import IndexMap
+
+    # conv2d: iterates (n, f, y, x, c, ky, kx), reads (kernel, padded input), writes
+    # compute[n, f, y, x] (farm.core.workloads).
+    _, _, oh, ow, _, kh, kw = wl.compute_extents()
+
+    def gemm(v: Sequence[Any]) -> tuple[Any, Any, Any]:
+        """(f, pixel, k) of the block's iteration `v`."""
+        n, f, y, x, c, ky, kx = v
+        return f, (n * oh + y) * ow + x, (c * kh + ky) * kw + kx
+
+    layouts = {("read", 0): (0, 2), ("read", 1): (2, 1), ("write", 0): (0, 1)}  # W[f, k], X[k, p], C[f, p]
+    gathers = [sch.reindex(block, ("read", 0)), sch.reindex(block, ("read", 1))]
+    scatter = sch.reindex(block, ("write", 0))
+    for (kind, index), (row, col) in layouts.items():
+        # A reindexed buffer has one axis per iteration variable its indices use, in the block's
+        # order; TVM leaves out those it simplified away (ky and kx of a 1x1 kernel).
+        stmt = sch.get(block)
+        used = [next(pos for pos, iv in enumerate(stmt.iter_vars) if iv.var.same_as(r.min))
+                for r in (stmt.reads if kind == "read" else stmt.writes)[index].region]
+
+        sch.transform_layout(block, (kind, index), IndexMap.from_func(
+            _axes_to(used, lambda v, row=row, col=col: (gemm(v)[row], gemm(v)[col])),
+            ndim=len(used), index_dtype="int32"))
+    sch.transform_block_layout(block, lambda n, f, y, x, c, ky, kx: gemm((n, f, y, x, c, ky, kx)))
+    if has_block(sch, "pad"):
+        sch.compute_inline(sch.get_sblock("pad"))  # into the im2col gather
+    return (0, 1), gathers, scatter
+
+
+def _axes_to(used: list[int], to: Any) -> Any:
+    """A function of a reindexed buffer's axes (the iteration variables at `used`) returning
+    `to` of all seven, those left out as 0."""
+
+    def mapping(*axes: Any) -> Any:
+        v: list[Any] = [0] * 7
+        for pos, axis in zip(used, axes, strict=True):
+            v[pos] = axis
+        return to(v)
+
+    return mapping
 
 
 def _tile(config: Config) -> tuple[int, int, int]:
@@ -168,10 +244,10 @@ def _shared_bytes(config: Config) -> int:
 
 
 def _spread(sch: Any, block: Any, warps: int, vector: int) -> None:
-    """All the block's threads copy `block`'s tile: its loops fused, split over
-    ``threadIdx.y`` (warps) and ``threadIdx.x`` (lanes), `vector` consecutive elements each."""
-    ndim = len(sch.get(block).writes[0].region)
-    fused = sch.fuse(*sch.get_loops(block)[-ndim:])
+    """All the block's threads copy `block`'s 2-D tile (of A, B or C, whatever the layout of
+    the buffer it reads or writes): its two loops fused, split over ``threadIdx.y`` (warps) and
+    ``threadIdx.x`` (lanes), `vector` consecutive elements each."""
+    fused = sch.fuse(*sch.get_loops(block)[-2:])
     _, ty, tx, lanes = sch.split(fused, [None, warps, WARP, vector])
     sch.bind(ty, "threadIdx.y")
     sch.bind(tx, "threadIdx.x")
