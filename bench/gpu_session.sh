@@ -19,7 +19,8 @@
 #   startup     bench/startup_parts.py: a farm tune's start-up steps, each in fresh processes
 #   check       bench/check_templates_gpu.py: every cuda template's random sample run against NumPy
 #   kernels     bench/kernels_vs_vendor.py: KERNEL_CASES (;-separated) tuned KERNEL_TRIALS trials,
-#               KERNEL_SEEDS seeds each, best kernels re-timed side by side with PyTorch
+#               KERNEL_SEEDS seeds each, best kernels re-timed side by side with PyTorch; one run per
+#               case (OUTDIR/kernels-CASE.json), so a case's figures stand whatever the next one does
 #   bash bench/gpu_session.sh OUTDIR [STEP ...]      (TRIALS=300, MS_TRIALS=128 by default)
 # OUTDIR/DONE appears when every step has ended (for a session run in the background and
 # collected by bench/gpu_collect.sh).
@@ -73,10 +74,14 @@ for s in $STEPS; do
                --params N=64 C=64 H=112 W=112 KH=3 KW=3 stride=2 pad=1 kind=max --trials 64 --gpus 1 \
                --seeds "$E2E_SEEDS" --out "$OUT/maxpool" --json "$OUT/maxpool.json" ;;
     startup) step startup 300 python3 bench/startup_parts.py --repeats "${STARTUP_REPEATS:-3}" --json "$OUT/startup.json" ;;
-    check) step check 600 python3 bench/check_templates_gpu.py --out "$OUT/check" ;;
+    check) step check 600 python3 bench/check_templates_gpu.py --trials-per-case "${CHECK_TRIALS:-32}" \
+             --out "$OUT/check" ;;
     kernels) IFS=';' read -ra cases <<< "$KERNEL_CASES"
-             step kernels 3000 python3 bench/kernels_vs_vendor.py "${cases[@]/#/--case=}" --trials "$KERNEL_TRIALS" \
-               --seeds "$KERNEL_SEEDS" --out "$OUT/kernels" --json "$OUT/kernels.json" ;;
+             for case in "${cases[@]}"; do
+               name=$(tr -d '=' <<< "$case" | tr ' ' '-')
+               step "kernels-$name" 3000 python3 bench/kernels_vs_vendor.py --case="$case" --trials "$KERNEL_TRIALS" \
+                 --seeds "$KERNEL_SEEDS" --out "$OUT/kernels" --json "$OUT/kernels-$name.json"
+             done ;;
     *) echo "unknown step $s" >&2 ;;
   esac
 done
