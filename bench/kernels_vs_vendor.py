@@ -15,7 +15,9 @@ in fp32. Pooling cases also time a device-to-device copy of their input the same
 device's copy bandwidth, read + write) and give each kernel's share of it.
 
 Prints one line per case (PyTorch, the farm's median over seeds and its range, the ratio) and,
-with --json, every figure. --retime times the exports of an earlier run in --out again.
+with --json, every figure. --retime times the exports of an earlier run in --out again;
+--tvm-compile adds each kernel as TVM's default compile makes it (NVRTC, fast math) beside the
+farm's build of it (nvcc -O3, as the farm measured it).
 """
 
 from __future__ import annotations
@@ -77,8 +79,24 @@ def time_side_by_side(fns: dict[str, Callable[[], Any]]) -> dict[str, dict[str, 
     return out
 
 
-def retime_case(wl: Workload, exports: dict[str, Path]) -> dict[str, Any]:
-    """PyTorch and each export's best kernel for `wl`: checked against PyTorch's output, timed."""
+def tvm_default_build(wl: Workload, export: Path) -> Any:
+    """The export's kernel as TVM compiles it by default (NVRTC, fast math), not as the farm
+    measured it (`farm.build`'s nvcc): the comparison behind `workers.builder.compile_module`."""
+    import tvm
+
+    from farm.apply import best_config
+    from farm.core.targets import parse_target
+    from farm.core.task import Task
+
+    task = Task(wl, parse_target("cuda"))
+    config = best_config(task, export)
+    assert config is not None, f"{export} holds no config for {wl}"
+    return tvm.compile(task.schedule(config).mod, target=task.target.tvm())
+
+
+def retime_case(wl: Workload, exports: dict[str, Path], tvm_compile: bool = False) -> dict[str, Any]:
+    """PyTorch and each export's best kernel for `wl`: checked against PyTorch's output, timed.
+    With `tvm_compile`, each kernel also as TVM's default compile makes it (label + "-tvm")."""
     import torch
 
     from farm.apply import build
@@ -87,9 +105,12 @@ def retime_case(wl: Workload, exports: dict[str, Path]) -> dict[str, Any]:
     inputs = [torch.from_numpy(x).to("cuda") for x in wl.random_inputs(0)]  # torch_op's inputs
     fns: dict[str, Callable[[], Any]] = {"pytorch": torch_op(wl)}
     errors: dict[str, float] = {}
-    for label, export in exports.items():
+    builds = {label: (lambda e=export: build(wl, "cuda", e)) for label, export in exports.items()}
+    if tvm_compile:
+        builds |= {f"{label}-tvm": (lambda e=export: tvm_default_build(wl, e)) for label, export in exports.items()}
+    for label, make in builds.items():
         out = torch.full(wl.output_shape(), float("nan"), dtype=getattr(torch, wl.dtype), device="cuda")
-        call = tvm_call(build(wl, "cuda", export), [*inputs, out])
+        call = tvm_call(make(), [*inputs, out])
         call()
         torch.cuda.synchronize()
         diff = (out.double() - expected.double()).norm() / expected.double().norm()
@@ -122,6 +143,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("/tmp/farm-kernels"))
     parser.add_argument("--json", type=Path)
     parser.add_argument("--retime", action="store_true", help="only time the exports of an earlier run in --out")
+    parser.add_argument("--tvm-compile", action="store_true",
+                        help="also time each kernel as TVM's default compile makes it (NVRTC, fast math)")
     args = parser.parse_args()
     try:
         cases = [parse_case(case) for case in args.case]  # bad cases fail here, before any tuning
@@ -151,10 +174,11 @@ def main() -> None:
                   flush=True)
     for case, (_, _, wl) in zip(args.case, cases, strict=True):
         seeds = runs[case]
-        timing = retime_case(wl, {label: args.out / f"{label}-best.json" for label in seeds})
+        timing = retime_case(wl, {label: args.out / f"{label}-best.json" for label in seeds}, args.tvm_compile)
         farm_us = [timing[label]["median_us"] for label in seeds]
         row = {"workload": wl.to_json(), "pytorch": timing["pytorch"], "copy": timing.get("copy"),
                "seeds": {label: {**seeds[label], **timing[label]} for label in seeds},
+               "tvm_compile": {label: timing[f"{label}-tvm"] for label in seeds if f"{label}-tvm" in timing},
                "farm_median_us": statistics.median(farm_us), "farm_min_us": min(farm_us), "farm_max_us": max(farm_us),
                "all_correct": all(timing[label]["correct"] for label in seeds)}
         row["speedup_vs_pytorch"] = timing["pytorch"]["median_us"] / row["farm_median_us"]

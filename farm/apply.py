@@ -19,6 +19,7 @@ from farm.core.targets import TargetSpec, parse_target
 from farm.core.task import Task
 from farm.core.workloads import Workload, make_workload
 from farm.export import load
+from workers.builder import compile_module
 
 
 def default_config(task: Task) -> Config:
@@ -52,11 +53,11 @@ def build(workload: str | Workload, target: str | dict[str, Any] | TargetSpec, b
           params: dict[str, Any] | None = None, allow_stale: bool = False) -> Any:
     """Compile `workload` for `target` with the best config of the export `best`.
 
-    Returns TVM's compiled module (`lib["main"](*inputs, output)`, `lib.export_library(path)`).
+    Returns TVM's compiled module (`lib["main"](*inputs, output)`, `lib.export_library(path)`),
+    its CUDA code compiled as the farm compiled the candidates it measured
+    (`workers.builder.compile_module`).
     Raises FarmError for a bad workload, target or export.
     """
-    import tvm
-
     wl = workload if isinstance(workload, Workload) else make_workload(workload, params)
     task = Task(wl, parse_target(target))
     config = best_config(task, best, allow_stale)
@@ -65,4 +66,4 @@ def build(workload: str | Workload, target: str | dict[str, Any] | TargetSpec, b
         where = f"in {best}" if best is not None else "given (no export)"
         warnings.warn(f"no tuned config for {wl} on {task.target} {where}: building with the default config",
                       stacklevel=2)
-    return tvm.compile(task.schedule(config).mod, target=task.target.tvm())
+    return compile_module(task.schedule(config).mod, task.target)
