@@ -51,6 +51,10 @@ CUDA_CASES = {
         "depthwise_conv2d_nchw", dict(N=2, C=8, H=15, W=17, KH=3, KW=3, stride=2, pad=1, multiplier=2)
     ),
     "avgpool-odd": ("pool2d", dict(N=2, C=3, H=15, W=17, KH=3, KW=3, stride=2, pad=1, kind="avg")),
+    # float16 accumulates in float32 registers, whether or not the output is cached (cache_output).
+    "depthwise-fp16-stride2": (
+        "depthwise_conv2d_nchw", dict(N=2, C=8, H=15, W=17, KH=3, KW=3, stride=2, pad=1, dtype="float16")
+    ),
     "matmul-fp16-tensorcore": ("matmul", dict(M=256, N=128, K=64, dtype="float16")),
     "conv2d-fp16-tensorcore": ("conv2d_nchw", dict(N=2, CI=16, H=8, W=8, CO=32, KH=3, KW=3, pad=1, dtype="float16")),
     "conv2d-fp16-tensorcore-stride2": (
@@ -306,14 +310,15 @@ def test_float16_sums_accumulate_in_float32() -> None:
 
 
 @pytest.mark.parametrize("pipeline", [0, 1, 2])
-def test_cuda_tensorcore_compiles_to_wmma_with_float32_accumulators(pipeline: int) -> None:
+@pytest.mark.parametrize("store", [0, 1])
+def test_cuda_tensorcore_compiles_to_wmma_with_float32_accumulators(pipeline: int, store: int) -> None:
     """Fragments loaded, multiplied and stored by WMMA on float32 accumulators, the float16 output
-    written from shared memory by 16-byte stores; pipelining 2 copies with cp.async."""
+    written from shared memory; pipelining 2 copies with cp.async."""
     wl = _workload(CUDA_CASES["matmul-fp16-tensorcore"])
     template = get_template(wl, "cuda")
     config = template.space(wl, CUDA).from_json(dict(
         tile_i=[4, 2, 2], tile_j=[2, 2, 2], tile_k=[2, 2], vector=8, pad=8, pipeline=pipeline,
-        auto_unroll_max_step=64))
+        auto_unroll_max_step=64, store=store))
     assert template.check(wl, CUDA, config) is None
     mod = template.schedule(wl, CUDA, config).mod
     assert verify_gpu(mod, CUDA) is None
@@ -361,12 +366,44 @@ def test_cuda_tensorcore_conv2d_gathers_its_tiles_from_the_input() -> None:
         assert all(scope != "global" for scope in allocated), allocated
 
 
+@pytest.mark.parametrize("case", ["matmul-fp16-tensorcore", "conv2d-fp16-tensorcore"])
+def test_cuda_tensorcore_counts_the_staging_tvm_allocates(case: str) -> None:
+    """`check` counts the float32 staging of the accumulators (static shared memory) as the
+    kernel allocates it, for either way of storing them."""
+    import re
+
+    from farm.core.templates.cuda_tensorcore import _staging_bytes
+
+    wl = _workload(CUDA_CASES[case])
+    template = get_template(wl, "cuda")
+    configs = valid_configs(template, wl, CUDA, count=12)
+    assert {config["store"] for config in configs} == {0, 1}
+    for config in configs:
+        plain = template.space(wl, CUDA).from_json({**config.to_json(), "auto_unroll_max_step": 0})
+        lib = tvm.compile(template.schedule(wl, CUDA, plain).mod, target=CUDA.tvm())
+        source = lib.mod.imports[0].inspect_source("")
+        static = sum(4 * int(n) for n in re.findall(r"__shared__ alignas\(64\) float \w+\[(\d+)\]", source))
+        assert static == _staging_bytes(plain), plain.dumps()
+
+
+def test_cuda_tensorcore_reaches_large_tiles_by_storing_a_fragment_at_a_time() -> None:
+    """A 128x128 tile of 4 warps: its float32 staging (64 KiB) does not fit a block's 48 KiB, one
+    fragment per warp at a time (80x80 floats, 25 KiB) does."""
+    wl = make_workload("matmul", dict(M=4096, N=4096, K=4096, dtype="float16"))
+    template = get_template(wl, "cuda")
+    knobs = dict(tile_i=[32, 2, 4], tile_j=[32, 2, 4], tile_k=[128, 2], vector=8, pad=8, pipeline=0,
+                 auto_unroll_max_step=64)
+    space = template.space(wl, CUDA)
+    assert "> 49152" in (template.check(wl, CUDA, space.from_json({**knobs, "store": 0})) or "")
+    assert template.check(wl, CUDA, space.from_json({**knobs, "store": 1})) is None
+
+
 def test_cuda_tensorcore_refuses_what_could_not_run() -> None:
     wl = _workload(CUDA_CASES["matmul-fp16-tensorcore"])
     template = get_template(wl, "cuda")
     space = template.space(wl, CUDA)
     good = dict(tile_i=[4, 2, 2], tile_j=[2, 2, 2], tile_k=[2, 2], vector=8, pad=0, pipeline=1,
-                auto_unroll_max_step=0)
+                auto_unroll_max_step=0, store=0)
     assert template.check(wl, CUDA, space.from_json(good)) is None
 
     def why(**knobs: Any) -> str:
@@ -380,3 +417,10 @@ def test_cuda_tensorcore_refuses_what_could_not_run() -> None:
     assert "16x2 accumulator fragments per warp > 16" in why(tile_i=[1, 1, 16], tile_j=[2, 2, 2])
     assert "pipelining needs 2 or more outer steps of k, not 1" in why(tile_k=[1, 4])
     assert "do not split into 128 threads x 8" in why(tile_i=[16, 1, 1], tile_j=[1, 4, 2], tile_k=[4, 1])
+    conv = _workload(CUDA_CASES["conv2d-fp16-tensorcore"])
+    conv_space = template.space(conv, CUDA)
+    conv_good = dict(tile_i=[1, 2, 1], tile_j=[2, 1, 4], tile_k=[3, 3], vector=4, pad=0, pipeline=1,
+                     auto_unroll_max_step=64, store=0)
+    assert template.check(conv, CUDA, conv_space.from_json(conv_good)) is None
+    assert "8-lane vectors of a conv2d's im2col gather" in (
+        template.check(conv, CUDA, conv_space.from_json({**conv_good, "vector": 8})) or "")

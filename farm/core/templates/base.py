@@ -99,7 +99,9 @@ def fold_epilogue(sch: Any, writer: Any | None, loop: Any) -> None:
     kernel that computes its input: inlined into `writer` when one is given (the spatial block
     that copies the ``compute`` stage's accumulators out of registers, which then stores the
     output directly, in its dtype, and the accumulators never reach global memory); otherwise
-    computed under `loop`, right after the reduction that fills them."""
+    computed under `loop`, right after the reduction that fills them, which then go to local
+    memory: left in global scope, they would be a buffer of the whole output that no kernel
+    argument holds, which a CUDA kernel cannot allocate (TVM refuses to build it)."""
     if not has_block(sch, "epilogue"):
         return
     epilogue = sch.get_sblock("epilogue")
@@ -107,6 +109,7 @@ def fold_epilogue(sch: Any, writer: Any | None, loop: Any) -> None:
         sch.reverse_compute_inline(epilogue)
     else:
         sch.reverse_compute_at(epilogue, loop)
+        sch.set_scope(sch.get_producers(epilogue)[0], 0, "local")
 
 
 def split_skipping_units(

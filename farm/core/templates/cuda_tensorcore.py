@@ -18,9 +18,12 @@ TensorIR tensorize tests): the output is tiled into 16x16 fragments, grouped
   16 bytes at most), rows padded by `pad` halves so that the fragment loads of neighbouring rows
   fall in different banks;
 - each warp loads its fragments (``wmma.matrix_a`` / ``wmma.matrix_b``) from shared memory and
-  runs ``wmma::mma_sync`` on float32 accumulators (``wmma.accumulator``), which it stores to a
-  shared tile at the end; the block's threads then cast that tile to float16 and write it out
-  with coalesced stores (the workload's ``epilogue``);
+  runs ``wmma::mma_sync`` on float32 accumulators (``wmma.accumulator``), which are then cast to
+  float16 and written out through shared memory (the workload's ``epilogue``), as `store` says:
+  the block's whole float32 tile stored at once and written out by all its threads (0), or
+  each warp's fragments one at a time, each written out by the warp's own 32 threads (1). The
+  whole tile costs 4 bytes of shared memory per output: a 128x128 tile takes 64 KiB, more than
+  a block gets without opting in (48 KiB), so the larger tiles are only reachable with 1;
 - `pipeline` double-buffers the shared tiles (1), with asynchronous copies on sm_80 and later (2),
   so the next step's tiles load while this one computes; `auto_unroll_max_step` unrolls.
 
@@ -58,6 +61,8 @@ VECTOR = (1, 2, 4, 8)  # halves per load into shared memory (8: one 128-bit load
 PAD = (0, 8)  # halves added to each shared row (8: 16 bytes, keeps WMMA's 16-byte row alignment)
 PIPELINE = (0, 1, 2)
 UNROLL = (0, 64, 512)
+STORE = (0, 1)  # the accumulators go out through the block's whole tile (0) or a fragment at a time (1)
+OUT_VECTOR = 4  # floats per thread and load from a fragment's staging area (one 128-bit load)
 
 
 def arch_number(target: TargetSpec) -> int:
@@ -88,6 +93,7 @@ class CudaTensorCore(Template, name="cuda.tensorcore", kind="cuda", workloads=("
             ChoiceKnob("pad", list(PAD)),
             ChoiceKnob("pipeline", list(PIPELINE)),
             ChoiceKnob("auto_unroll_max_step", list(UNROLL)),
+            ChoiceKnob("store", list(STORE)),
         ])
 
     def check(self, wl: Workload, target: TargetSpec, config: Config) -> str | None:
@@ -108,6 +114,11 @@ class CudaTensorCore(Template, name="cuda.tensorcore", kind="cuda", workloads=("
         for what, size in (("the A tile", rows * depth), ("the B tile", depth * cols)):
             if size % (threads * vector):
                 return f"{what}'s {size} halves do not split into {threads} threads x {vector}"
+        if wl.name != "matmul" and vector == 8:
+            # The im2col gather's indices then become 8-lane integer vectors, which TVM 0.27's
+            # CUDA code generator prints as calls nvcc rejects (make_longlong4 with 8 arguments):
+            # 6 of 14 such conv2d configs failed to build, none with 4 lanes or fewer.
+            return "8-lane vectors of a conv2d's im2col gather do not compile (TVM's CUDA codegen)"
         if config["pipeline"] and steps < 2:
             return f"pipelining needs 2 or more outer steps of k, not {steps}"
         if config["pipeline"] == 2 and arch_number(target) < 80:
@@ -131,16 +142,24 @@ class CudaTensorCore(Template, name="cuda.tensorcore", kind="cuda", workloads=("
         sch.bind(warp, "threadIdx.y")
         warps = config["tile_i"][1] * config["tile_j"][1]
 
-        # Accumulators: fragments per warp, stored into a shared tile, written out by the block.
+        # Accumulators: fragments per warp, stored into shared memory, cast and written out.
         out_shared = sch.cache_write(block, 0, "shared")
         accumulator = sch.cache_write(block, 0, "wmma.accumulator")
         sch.reverse_compute_at(accumulator, warp)
-        sch.reverse_compute_at(out_shared, j_block)
         if scatter is not None:  # the product's C back into the output's NCHW layout
             sch.reverse_compute_inline(scatter)
-        fold_epilogue(sch, out_shared, None)
-        _spread(sch, out_shared, warps, 1)
-        _tensorize_tiles(sch, accumulator, 2, intrin.WMMA_STORE_16x16x16_F32_SHARED_INTRIN)
+        row_16 = _fragments(sch, accumulator)
+        if config["store"]:  # each fragment as soon as it is stored, by its warp's lanes
+            sch.reverse_compute_at(out_shared, sch.get_loops(accumulator)[-3])
+            fold_epilogue(sch, out_shared, None)
+            _, lane, vector = sch.split(sch.fuse(*sch.get_loops(out_shared)[-2:]), [None, WARP, OUT_VECTOR])
+            sch.bind(lane, "threadIdx.x")
+            sch.vectorize(vector)
+        else:  # the block's whole tile, by all its threads
+            sch.reverse_compute_at(out_shared, j_block)
+            fold_epilogue(sch, out_shared, None)
+            _spread(sch, out_shared, warps, 1)
+        sch.tensorize(row_16, intrin.WMMA_STORE_16x16x16_F32_SHARED_INTRIN)
 
         # Inputs: shared tiles per outer step, fragments per inner step.
         for index, scope, load in ((reads[0], "wmma.matrix_a", intrin.WMMA_LOAD_16x16x16_F16_A_DYN_INTRIN),
@@ -152,7 +171,7 @@ class CudaTensorCore(Template, name="cuda.tensorcore", kind="cuda", workloads=("
             _spread(sch, shared, warps, config["vector"])
             fragment = sch.cache_read(block, index, scope)
             sch.compute_at(fragment, k_frag)
-            _tensorize_tiles(sch, fragment, 2, load)
+            sch.tensorize(_fragments(sch, fragment), load)
 
         for gather in gathers:  # W's and X's reads from the inputs, into the shared copies
             sch.compute_inline(gather)
@@ -231,16 +250,31 @@ def _tile(config: Config) -> tuple[int, int, int]:
 
 
 def _shared_bytes(config: Config) -> int:
-    """Shared memory per block: the A and B tiles in float16 (twice when pipelined, rows padded),
-    and the float32 output tile the accumulators are stored into. The inputs' tiles are dynamic
-    shared memory, the output's static: in one dynamic buffer TVM 0.27 would reuse the inputs'
-    bytes for it, but its merge pass then types the float32 tile's pointers as float16 and
-    fails (`tvm_access_ptr element type must match the source buffer`) whenever the inputs'
-    tiles are the larger."""
+    """Shared memory per block: the inputs' tiles (dynamic shared memory) and the staging of the
+    accumulators (static). In one dynamic buffer TVM 0.27 would reuse the inputs' bytes for the
+    staging, but its merge pass then types the float32 pointers as float16 and fails
+    (`tvm_access_ptr element type must match the source buffer`) whenever the inputs' tiles are
+    the larger."""
+    return _input_bytes(config) + _staging_bytes(config)
+
+
+def _input_bytes(config: Config) -> int:
+    """The A and B tiles in float16: rows padded, twice when pipelined."""
     rows, cols, depth = _tile(config)
     pad = config["pad"]
-    inputs = (rows * (depth + pad) + depth * (cols + pad)) * 2
-    return inputs * (2 if config["pipeline"] else 1) + rows * cols * 4
+    return (rows * (depth + pad) + depth * (cols + pad)) * 2 * (2 if config["pipeline"] else 1)
+
+
+def _staging_bytes(config: Config) -> int:
+    """The float32 staging of the accumulators: the whole output tile (`store` 0), or one
+    fragment per warp (1), which TVM allocates as the box that holds every warp's fragment at
+    the same position: (warps - 1) x fragments per warp + 1 fragments along each axis."""
+    rows, cols, _ = _tile(config)
+    if config["store"]:
+        (_, warps_i, frags_i), (_, warps_j, frags_j) = config["tile_i"], config["tile_j"]
+        rows = ((warps_i - 1) * frags_i + 1) * FRAGMENT
+        cols = ((warps_j - 1) * frags_j + 1) * FRAGMENT
+    return rows * cols * 4
 
 
 def _spread(sch: Any, block: Any, warps: int, vector: int) -> None:
@@ -255,11 +289,11 @@ def _spread(sch: Any, block: Any, warps: int, vector: int) -> None:
         sch.vectorize(lanes)
 
 
-def _tensorize_tiles(sch: Any, block: Any, ndim: int, intrinsic: str) -> None:
-    """Cut `block`'s last `ndim` = 2 loops (whole numbers of 16x16 fragments) into fragments and
-    replace each fragment's 16x16 loop nest by `intrinsic`."""
-    rows, cols = sch.get_loops(block)[-ndim:]
+def _fragments(sch: Any, block: Any) -> Any:
+    """Cut `block`'s last two loops (whole numbers of 16x16 fragments) into a loop over fragments
+    (rows, columns) and a 16x16 nest; returns the nest's outer loop, for `tensorize`."""
+    rows, cols = sch.get_loops(block)[-2:]
     row_frag, row_16 = sch.split(rows, [None, FRAGMENT])
     col_frag, col_16 = sch.split(cols, [None, FRAGMENT])
     sch.reorder(row_frag, col_frag, row_16, col_16)
-    sch.tensorize(row_16, intrinsic)
+    return row_16
