@@ -24,7 +24,7 @@ from farm.core.workloads import PRESETS, workload_from_json
 
 # The shapes tests/test_templates.py compiles beyond the presets: a matmul of the size,
 # stride and multiplier for depthwise, sizes that no thread count divides for pooling; float16
-# matmul and conv2d on tensor cores (the conv2d's with padding, stride 2, a 1x1 kernel) and, with
+# matmul, conv2d and grouped conv on tensor cores (the conv2d's with padding, stride 2, a 1x1 kernel) and, with
 # sizes that are not multiples of 16, on CUDA cores; float16 depthwise and average pooling (fp32
 # accumulators, cast in the epilogue).
 EXTRA_CASES = [
@@ -33,6 +33,7 @@ EXTRA_CASES = [
     ("conv2d_nchw", dict(N=2, CI=16, H=8, W=8, CO=32, KH=3, KW=3, pad=1, dtype="float16")),
     ("conv2d_nchw", dict(N=4, CI=32, H=16, W=16, CO=16, KH=3, KW=3, stride=2, pad=1, dtype="float16")),
     ("conv2d_nchw", dict(N=2, CI=32, H=12, W=12, CO=32, KH=1, KW=1, dtype="float16")),
+    ("group_conv2d_nchw", dict(N=2, CI=64, H=8, W=8, CO=64, KH=3, KW=3, groups=2, pad=1, dtype="float16")),
     ("matmul", dict(M=33, N=17, K=20, dtype="float16")),
     ("depthwise_conv2d_nchw", dict(N=2, C=8, H=15, W=17, KH=3, KW=3, stride=2, pad=1, dtype="float16")),
     ("pool2d", dict(N=2, C=3, H=15, W=17, KH=3, KW=3, stride=2, pad=1, kind="avg", dtype="float16")),

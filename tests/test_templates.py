@@ -60,6 +60,9 @@ CUDA_CASES = {
     "conv2d-fp16-tensorcore-stride2": (
         "conv2d_nchw", dict(N=4, CI=32, H=16, W=16, CO=16, KH=3, KW=3, stride=2, pad=1, dtype="float16")
     ),
+    "group-conv-fp16-tensorcore": (
+        "group_conv2d_nchw", dict(N=2, CI=64, H=8, W=8, CO=64, KH=3, KW=3, groups=2, pad=1, dtype="float16")
+    ),
 }
 
 
@@ -241,6 +244,10 @@ def test_every_workload_has_a_template_per_kind() -> None:
     conv = dict(N=2, CI=16, H=8, W=8, CO=32, KH=3, KW=3, pad=1, dtype="float16")
     assert get_template(make_workload("conv2d_nchw", conv), "cuda").name == "cuda.tensorcore"
     assert get_template(make_workload("conv2d_nchw", {**conv, "N": 1, "H": 7}), "cuda").name == "cuda.tiled"
+    # A grouped conv per group: 32 output channels of a group; spio-grouped's 8 are too few.
+    group = dict(N=2, CI=64, H=8, W=8, CO=64, KH=3, KW=3, groups=2, pad=1, dtype="float16")
+    assert get_template(make_workload("group_conv2d_nchw", group), "cuda").name == "cuda.tensorcore"
+    assert get_template(make_workload("spio-grouped"), "cuda").name == "cuda.tiled"
     assert get_template(make_workload("matmul", dict(M=64, N=32, K=24, dtype="float16")), "cuda").name \
         == "cuda.tiled"
 
@@ -329,23 +336,27 @@ def test_cuda_tensorcore_compiles_to_wmma_with_float32_accumulators(pipeline: in
     assert ("cp.async" in source) == (pipeline == 2)
 
 
-@pytest.mark.parametrize("params", [
-    dict(N=2, CI=3, H=7, W=6, CO=5, KH=3, KW=3, pad=1),
-    dict(N=1, CI=4, H=11, W=9, CO=6, KH=3, KW=2, stride=2, pad=1),
-    dict(N=1, CI=2, H=12, W=12, CO=4, KH=3, KW=3, pad=2, dilation=2),
-    dict(N=1, CI=4, H=5, W=5, CO=3, KH=1, KW=1),
-], ids=["pad", "stride2", "dilation2", "1x1"])
-def test_conv2d_rewritten_as_a_matrix_product_computes_the_reference(params: dict[str, Any]) -> None:
+@pytest.mark.parametrize("name, params", [
+    ("conv2d_nchw", dict(N=2, CI=3, H=7, W=6, CO=5, KH=3, KW=3, pad=1)),
+    ("conv2d_nchw", dict(N=1, CI=4, H=11, W=9, CO=6, KH=3, KW=2, stride=2, pad=1)),
+    ("conv2d_nchw", dict(N=1, CI=2, H=12, W=12, CO=4, KH=3, KW=3, pad=2, dilation=2)),
+    ("conv2d_nchw", dict(N=1, CI=4, H=5, W=5, CO=3, KH=1, KW=1)),
+    ("group_conv2d_nchw", dict(N=2, CI=8, H=6, W=5, CO=6, KH=3, KW=3, groups=2, pad=1)),
+    ("group_conv2d_nchw", dict(N=1, CI=8, H=9, W=9, CO=4, KH=3, KW=2, groups=4, stride=2, pad=1)),
+], ids=["pad", "stride2", "dilation2", "1x1", "groups2", "groups4-stride2"])
+def test_conv_rewritten_as_a_matrix_product_computes_the_reference(name: str, params: dict[str, Any]) -> None:
     """The implicit GEMM of cuda.tensorcore (the kernel as W[f, k], the input's im2col view as
-    X[k, pixel], the output as C[f, pixel]), left unscheduled and compiled for the CPU, computes
-    the conv2d: every index of the rewrite is checked here, where no GPU is needed."""
-    from farm.core.templates.cuda_tensorcore import _as_matmul, gemm_extents
+    X[k, pixel], the output as C[f, pixel], one such product per group of a grouped conv), left
+    unscheduled and compiled for the CPU, computes the convolution: every index of the rewrite
+    is checked here, where no GPU is needed."""
+    from farm.core.templates.cuda_tensorcore import _as_matmul, gemm_extents, groups
 
-    wl = make_workload("conv2d_nchw", params)
+    wl = make_workload(name, params)
     sch = new_schedule(wl)
     block = sch.get_sblock("compute")
     assert _as_matmul(sch, block, wl)[0] == (0, 1)
-    assert tuple(int(loop.extent) for loop in map(sch.get, sch.get_loops(block))) == gemm_extents(wl)
+    extents = tuple(int(loop.extent) for loop in map(sch.get, sch.get_loops(block)))
+    assert extents == ((groups(wl),) if groups(wl) > 1 else ()) + gemm_extents(wl)
     inputs = wl.random_inputs(seed=2)
     dev = tvm.cpu(0)
     out = tvm.runtime.tensor(np.full(wl.output_shape(), np.nan, dtype=wl.dtype), dev)
@@ -353,10 +364,11 @@ def test_conv2d_rewritten_as_a_matrix_product_computes_the_reference(params: dic
     assert relative_error(out.numpy(), wl.reference(inputs)) <= wl.tolerance()
 
 
-def test_cuda_tensorcore_conv2d_gathers_its_tiles_from_the_input() -> None:
+@pytest.mark.parametrize("case", ["conv2d-fp16-tensorcore", "group-conv-fp16-tensorcore"])
+def test_cuda_tensorcore_convolutions_gather_their_tiles_from_the_input(case: str) -> None:
     """No im2col buffer: the kernel's and the input's tiles are read from `kernel` and `data`
     straight into shared memory, and the output is written from the shared tile into `epilogue`."""
-    wl = _workload(CUDA_CASES["conv2d-fp16-tensorcore"])
+    wl = _workload(CUDA_CASES[case])
     template = get_template(wl, "cuda")
     for config in valid_configs(template, wl, CUDA, count=3):
         func = template.schedule(wl, CUDA, config).mod["main"]

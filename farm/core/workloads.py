@@ -396,10 +396,10 @@ def _group_te(p: Mapping[str, Any]) -> list[Any]:
     ry = te.reduce_axis((0, p["KH"]), name="ry")
     rx = te.reduce_axis((0, p["KW"]), name="rx")
     acc = ACCUMULATOR[dt]
-    out = te.compute(
+    out = te.compute(  # the kernel first, as in _conv2d_te
         _conv_out({**p, "dilation": 1}),
         lambda n, f, y, x: te.sum(
-            padded[n, f // cog * cig + rc, y * s + ry, x * s + rx].astype(acc) * kernel[f, rc, ry, rx].astype(acc),
+            kernel[f, rc, ry, rx].astype(acc) * padded[n, f // cog * cig + rc, y * s + ry, x * s + rx].astype(acc),
             axis=[rc, ry, rx],
         ),
         name="compute",

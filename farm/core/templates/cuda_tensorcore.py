@@ -70,16 +70,22 @@ def arch_number(target: TargetSpec) -> int:
     return int(target.arch.removeprefix("sm_").rstrip("af"))
 
 
+def groups(wl: Workload) -> int:
+    """How many independent matrix products `wl` is: a grouped conv's groups, else 1."""
+    return wl.p["groups"] if wl.name == "group_conv2d_nchw" else 1
+
+
 def gemm_extents(wl: Workload) -> tuple[int, int, int]:
-    """M, N and K of the matrix product `wl` computes (module doc): a matmul's own, a conv2d's
-    output channels, output pixels and reduction length."""
+    """M, N and K of the matrix product `wl` computes (module doc), per group: a matmul's own, a
+    convolution's output channels, output pixels and reduction length."""
     if wl.name == "matmul":
         return wl.p["M"], wl.p["N"], wl.p["K"]
     n, co, oh, ow, *reduction = wl.compute_extents()
-    return co, n * oh * ow, math.prod(reduction)
+    return co // groups(wl), n * oh * ow, math.prod(reduction)
 
 
-class CudaTensorCore(Template, name="cuda.tensorcore", kind="cuda", workloads=("matmul", "conv2d_nchw")):
+class CudaTensorCore(Template, name="cuda.tensorcore", kind="cuda",
+                     workloads=("matmul", "conv2d_nchw", "group_conv2d_nchw")):
     def applies(self, wl: Workload) -> bool:
         return wl.dtype == "float16" and all(extent % FRAGMENT == 0 for extent in gemm_extents(wl))
 
@@ -107,6 +113,8 @@ class CudaTensorCore(Template, name="cuda.tensorcore", kind="cuda", workloads=("
             return f"{frags_i}x{frags_j} accumulator fragments per warp > {MAX_ACCUMULATORS}"
         if blocks_i > CUDA_MAX_GRID_DIM["y"]:
             return f"blockIdx.y extent {blocks_i} > {CUDA_MAX_GRID_DIM['y']}"
+        if groups(wl) > CUDA_MAX_GRID_DIM["z"]:
+            return f"blockIdx.z extent {groups(wl)} > {CUDA_MAX_GRID_DIM['z']}"
         steps = config["tile_k"][0]
         rows, cols, depth = _tile(config)
         vector = config["vector"]
@@ -131,11 +139,13 @@ class CudaTensorCore(Template, name="cuda.tensorcore", kind="cuda", workloads=("
         sch = new_schedule(wl)
         block = sch.get_sblock("compute")
         reads, gathers, scatter = _as_matmul(sch, block, wl)
-        i, j, k = sch.get_loops(block)
+        *group, i, j, k = sch.get_loops(block)
         i_block, i_warp, i_frag, i_16 = sch.split(i, [*config["tile_i"], FRAGMENT])
         j_block, j_warp, j_frag, j_16 = sch.split(j, [*config["tile_j"], FRAGMENT])
         k_outer, k_frag, k_16 = sch.split(k, [*config["tile_k"], FRAGMENT])
-        sch.reorder(i_block, j_block, i_warp, j_warp, k_outer, k_frag, i_frag, j_frag, i_16, j_16, k_16)
+        sch.reorder(*group, i_block, j_block, i_warp, j_warp, k_outer, k_frag, i_frag, j_frag, i_16, j_16, k_16)
+        if group:  # one grouped conv's groups side by side, each a product of its own
+            sch.bind(group[0], "blockIdx.z")
         sch.bind(i_block, "blockIdx.y")
         sch.bind(j_block, "blockIdx.x")
         warp = sch.fuse(i_warp, j_warp)
@@ -191,7 +201,8 @@ class CudaTensorCore(Template, name="cuda.tensorcore", kind="cuda", workloads=("
 
 
 def _as_matmul(sch: Any, block: Any, wl: Workload) -> tuple[tuple[int, int], list[Any], Any | None]:
-    """Rewrite `block` (the ``compute`` stage) as C[i, j] += A[i, k] * B[k, j] over three loops.
+    """Rewrite `block` (the ``compute`` stage) as C[i, j] += A[i, k] * B[k, j] over three loops,
+    after one loop over the groups of a grouped conv.
 
     Returns the indices of A and B among the block's reads; the blocks that produce A and B from
     the inputs, to be inlined into the shared copies once those exist; and the block that copies
@@ -201,40 +212,51 @@ def _as_matmul(sch: Any, block: Any, wl: Workload) -> tuple[tuple[int, int], lis
         return (0, 1), [], None
     from tvm.tirx import IndexMap
 
-    # conv2d: iterates (n, f, y, x, c, ky, kx), reads (kernel, padded input), writes
-    # compute[n, f, y, x] (farm.core.workloads).
-    _, _, oh, ow, _, kh, kw = wl.compute_extents()
+    # A convolution iterates (n, f, y, x, c, ky, kx), reads (kernel, padded input) and writes
+    # compute[n, f, y, x] (farm.core.workloads); a grouped one reads input channel
+    # f // (CO / groups) * (CI / groups) + c. Its output channel is split first into (group, f
+    # within the group), so that every access below is a function of the group, not of f.
+    _, co, oh, ow, _, kh, kw = wl.compute_extents()
+    per_group = co // groups(wl)
+    if groups(wl) > 1:
+        sch.transform_block_layout(block, lambda n, f, y, x, c, ky, kx: (
+            f // per_group, n, f % per_group, y, x, c, ky, kx))
 
-    def gemm(v: Sequence[Any]) -> tuple[Any, Any, Any]:
-        """(f, pixel, k) of the block's iteration `v`."""
-        n, f, y, x, c, ky, kx = v
-        return f, (n * oh + y) * ow + x, (c * kh + ky) * kw + kx
+    def gemm(v: Sequence[Any]) -> tuple[Any, ...]:
+        """(group, f, pixel, k) of the block's iteration `v`, without the group for a conv2d."""
+        *group, n, f, y, x, c, ky, kx = v
+        return (*group, f, (n * oh + y) * ow + x, (c * kh + ky) * kw + kx)
 
-    layouts = {("read", 0): (0, 2), ("read", 1): (2, 1), ("write", 0): (0, 1)}  # W[f, k], X[k, p], C[f, p]
+    batch = 1 if groups(wl) > 1 else 0  # positions in gemm(v) of (f, pixel, k) start here
+    f, p, k = batch, batch + 1, batch + 2
+    layouts = {("read", 0): (f, k), ("read", 1): (k, p), ("write", 0): (f, p)}  # W[f, k], X[k, p], C[f, p]
     gathers = [sch.reindex(block, ("read", 0)), sch.reindex(block, ("read", 1))]
     scatter = sch.reindex(block, ("write", 0))
-    for (kind, index), (row, col) in layouts.items():
+    variables = len(sch.get(block).iter_vars)
+    for (kind, index), axes in layouts.items():
         # A reindexed buffer has one axis per iteration variable its indices use, in the block's
         # order; TVM leaves out those it simplified away (ky and kx of a 1x1 kernel).
         stmt = sch.get(block)
         used = [next(pos for pos, iv in enumerate(stmt.iter_vars) if iv.var.same_as(r.min))
                 for r in (stmt.reads if kind == "read" else stmt.writes)[index].region]
-
+        keep = (*range(batch), *axes)
         sch.transform_layout(block, (kind, index), IndexMap.from_func(
-            _axes_to(used, lambda v, row=row, col=col: (gemm(v)[row], gemm(v)[col])),
+            _axes_to(used, variables, lambda v, keep=keep: tuple(gemm(v)[a] for a in keep)),
             ndim=len(used), index_dtype="int32"))
-    sch.transform_block_layout(block, lambda n, f, y, x, c, ky, kx: gemm((n, f, y, x, c, ky, kx)))
+    sch.transform_block_layout(block, IndexMap.from_func(lambda *v: gemm(v), ndim=variables, index_dtype="int32"))
     if has_block(sch, "pad"):
         sch.compute_inline(sch.get_sblock("pad"))  # into the im2col gather
     return (0, 1), gathers, scatter
 
 
-def _axes_to(used: list[int], to: Any) -> Any:
+def _axes_to(used: list[int], variables: int, to: Any) -> Any:
     """A function of a reindexed buffer's axes (the iteration variables at `used`) returning
-    `to` of all seven, those left out as 0."""
+    `to` of all `variables` of them, those left out as 0."""
+
+    from tvm import tirx
 
     def mapping(*axes: Any) -> Any:
-        v: list[Any] = [0] * 7
+        v: list[Any] = [tirx.IntImm("int32", 0)] * variables  # expressions, so every index is one
         for pos, axis in zip(used, axes, strict=True):
             v[pos] = axis
         return to(v)
