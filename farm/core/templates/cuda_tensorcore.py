@@ -1,4 +1,5 @@
-"""CUDA tensor cores for float16 matmul and conv2d: WMMA 16x16x16 tiles, float32 accumulators.
+"""CUDA tensor cores for float16 matmul, conv2d and grouped conv: WMMA 16x16x16 tiles, float32
+accumulators.
 
 A conv2d is scheduled as the matrix product it is (implicit GEMM, as cuDNN's and MetaSchedule's
 tensor-core convolutions): C[f, p] = sum_k W[f, k] * X[k, p] with f the output channel, p the
@@ -6,7 +7,8 @@ output pixel (n, y, x) and k the reduction (c, ky, kx). `_as_matmul` rewrites th
 stage into that form (TVM's ``reindex``, ``transform_layout`` and ``transform_block_layout``);
 W is the kernel as it lies in memory, X the im2col view of the padded input, never stored: its
 tiles are gathered straight from the input into shared memory (the ``pad`` and ``reindex``
-stages inlined into those copies), and the output tile is written back in NCHW order.
+stages inlined into those copies), and the output tile is written back in NCHW order. A grouped
+conv is one such product per group (f and c within the group), the groups on ``blockIdx.z``.
 
 The structure of TVM's tensor-core schedules (MetaSchedule's MultiLevelTilingTensorCore, the
 TensorIR tensorize tests): the output is tiled into 16x16 fragments, grouped
@@ -28,7 +30,8 @@ TensorIR tensorize tests): the output is tiled into 16x16 fragments, grouped
   so the next step's tiles load while this one computes; `auto_unroll_max_step` unrolls.
 
 Every fragment is a full 16x16x16 tile, so the product's M, N and K (for a conv2d: CO, N*OH*OW
-and CI*KH*KW) must be multiples of 16 (`applies`): other shapes stay on `cuda.tiled`. The intrinsics are TVM's own
+and CI*KH*KW; per group for a grouped conv) must be multiples of 16 (`applies`): other shapes
+stay on `cuda.tiled`. The intrinsics are TVM's own
 (`tvm.s_tir.tensor_intrin.cuda`, the WMMA_*_16x16x16 family).
 """
 
