@@ -122,3 +122,20 @@ def test_source_nvcc_refuses_inside_tvms_compile_is_the_candidates_build_error(
     result = BuildResult(0, {})
     builder.compile_into(_valid_cuda_schedule().mod, CUDA_TASK.target, tmp_path / "c", result)
     assert result.status == Status.BUILD_ERROR and result.error.startswith("nvcc: ")
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (CUDA's compiler) on this machine")
+def test_farm_build_compiles_the_device_code_as_the_measured_candidate(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """On a GPU node `farm.build` gets its device code from the builder's nvcc run, on the same
+    source as the candidate's build: the kernel a user builds from an export is the code the
+    farm measured, not TVM's own compile of it (NVRTC, fast math)."""
+    from farm.apply import build, default_config
+
+    sources = _count_nvcc(monkeypatch)
+    _compile_as_a_gpu_node(monkeypatch)
+    measured = BuildResult(0, {})
+    builder.compile_into(CUDA_TASK.schedule(default_config(CUDA_TASK)).mod, CUDA_TASK.target, tmp_path / "c", measured)
+    with pytest.warns(UserWarning, match="building with the default config"):
+        build(CUDA_TASK.workload, CUDA_TASK.target)
+    assert measured.ok and len(sources) == 2 and sources[0] == sources[1]
