@@ -7,7 +7,8 @@ job on the embedded client (random search, the product's own path: every candida
 and its output compared with the NumPy reference) over every preset and the shapes the presets miss
 (tests/test_templates.py's CUDA_CASES). Random search samples every class of config (split-K
 or not, each way of fetching tiles, each unrolling). Prints each case's trial statuses and
-exits 1 if any candidate computed a wrong result (the template is wrong there), 0 otherwise.
+exits 1 if any candidate computed a wrong result (the template is wrong there), 0 otherwise;
+other failures (build errors, invalid configs, runtime errors) are listed once per distinct error.
 """
 
 from __future__ import annotations
@@ -68,6 +69,11 @@ def main() -> None:
         print(f"{workload_from_json(task['workload'])}: {dict(counts)}, fastest {fastest:.2f} µs")
         for _, row in mine[mine["status"] == "wrong_result"].iterrows():
             print(f"  wrong result: {row['config']} {row['error']}")
+        # Other failures are data, but a template that often fails to build or run wastes trials:
+        # each distinct error once, with its count and one config that hit it.
+        failed = mine[~mine["status"].isin(["ok", "wrong_result"])]
+        for (outcome, error), rows in failed.groupby(["status", failed["error"].fillna("").str[:160]]):
+            print(f"  {outcome} x{len(rows)}: {error} (e.g. {rows.iloc[0]['config']})")
     print(f"job {status}: {len(trials)} candidates in {seconds:.0f} s; {wrong} wrong result(s)")
     sys.exit(1 if wrong or status != "done" else 0)
 
