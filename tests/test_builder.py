@@ -139,3 +139,14 @@ def test_farm_build_compiles_the_device_code_as_the_measured_candidate(
     with pytest.warns(UserWarning, match="building with the default config"):
         build(CUDA_TASK.workload, CUDA_TASK.target)
     assert measured.ok and len(sources) == 2 and sources[0] == sources[1]
+
+
+def test_farm_build_warns_where_its_cuda_code_cannot_be_the_measured_one() -> None:
+    """Without TVM's CUDA runtime (no GPU here) the library holds source that TVM compiles where
+    it is loaded: the user is told that this may not be the kernel the export's latency is of."""
+    import tvm
+
+    if tvm.cuda(0).exist:
+        pytest.skip("a GPU is present: TVM's runtime asks for the device code here")
+    with pytest.warns(UserWarning, match="not by the nvcc -O3 run the farm measured"):
+        builder.compile_module(_valid_cuda_schedule().mod, CUDA_TASK.target)

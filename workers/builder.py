@@ -34,6 +34,7 @@ import tempfile
 import threading
 import time
 import traceback
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -132,11 +133,19 @@ def compile_module(mod: Any, target: TargetSpec) -> Any:
     fast math and its own ptxas options) made different code of the same schedule: one conv2d
     config ran 52.5 µs built that way and 32.0 µs as the farm measured it (H100). Where TVM's
     CUDA runtime is not loaded (a machine without a GPU), the library holds CUDA source, compiled
-    by the runtime where it is loaded, as before; without nvcc, TVM's own compiler."""
+    by the runtime where it is loaded; without nvcc, TVM's own compiler: either way a warning
+    says that the kernel may not be the one measured."""
     import tvm
 
     with tempfile.TemporaryDirectory(prefix="farm-build-") as tmp, _DeviceCode.into(Path(tmp) / "kernel", target):
-        return tvm.compile(mod, target=target.tvm())
+        lib = tvm.compile(mod, target=target.tvm())
+        by_nvcc = _DeviceCode.done is not None
+    if target.is_gpu and not by_nvcc:
+        why = "nvcc was not found" if shutil.which("nvcc") is None else "TVM's CUDA runtime is not loaded here (no GPU)"
+        warnings.warn(f"{why}: this CUDA code is compiled by TVM (NVRTC, fast math), not by the nvcc -O3 run the "
+                      "farm measured, and may run slower; build on a machine with the GPU and nvcc to get the "
+                      "measured kernel", stacklevel=3)
+    return lib
 
 
 def compile_into(mod: Any, target: TargetSpec, stem: Path, result: BuildResult) -> None:
