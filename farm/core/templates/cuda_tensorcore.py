@@ -141,7 +141,7 @@ class CudaTensorCore(Template, name="cuda.tensorcore", kind="cuda",
 
         sch = new_schedule(wl)
         block = sch.get_sblock("compute")
-        reads, gathers, scatter = _as_matmul(sch, block, wl)
+        gathers, scatter = _as_matmul(sch, block, wl)
         *group, i, j, k = sch.get_loops(block)
         i_block, i_warp, i_frag, i_16 = sch.split(i, [*config["tile_i"], FRAGMENT])
         j_block, j_warp, j_frag, j_16 = sch.split(j, [*config["tile_j"], FRAGMENT])
@@ -175,8 +175,8 @@ class CudaTensorCore(Template, name="cuda.tensorcore", kind="cuda",
         sch.tensorize(row_16, intrin.WMMA_STORE_16x16x16_F32_SHARED_INTRIN)
 
         # Inputs: shared tiles per outer step, fragments per inner step.
-        for index, scope, load in ((reads[0], "wmma.matrix_a", intrin.WMMA_LOAD_16x16x16_F16_A_DYN_INTRIN),
-                                   (reads[1], "wmma.matrix_b", intrin.WMMA_LOAD_16x16x16_F16_B_DYN_INTRIN)):
+        for index, scope, load in ((0, "wmma.matrix_a", intrin.WMMA_LOAD_16x16x16_F16_A_DYN_INTRIN),
+                                   (1, "wmma.matrix_b", intrin.WMMA_LOAD_16x16x16_F16_B_DYN_INTRIN)):
             shared = sch.cache_read(block, index, "shared.dyn")
             sch.compute_at(shared, k_outer)
             if config["pad"]:
@@ -203,16 +203,17 @@ class CudaTensorCore(Template, name="cuda.tensorcore", kind="cuda",
         return sch
 
 
-def _as_matmul(sch: Any, block: Any, wl: Workload) -> tuple[tuple[int, int], list[Any], Any | None]:
+def _as_matmul(sch: Any, block: Any, wl: Workload) -> tuple[list[Any], Any | None]:
     """Rewrite `block` (the ``compute`` stage) as C[i, j] += A[i, k] * B[k, j] over three loops,
-    after one loop over the groups of a grouped conv.
+    after one loop over the groups of a grouped conv; A is the block's read 0 and B its read 1,
+    as every workload's definition lists them (farm.core.workloads).
 
-    Returns the indices of A and B among the block's reads; the blocks that produce A and B from
-    the inputs, to be inlined into the shared copies once those exist; and the block that copies
-    C into the output's layout (None for a matmul, which needs none of these).
+    Returns the blocks that produce A and B from the inputs, to be inlined into the shared
+    copies once those exist, and the block that copies C into the output's layout (none of
+    these for a matmul).
     """
     if wl.name == "matmul":
-        return (0, 1), [], None
+        return [], None
     from tvm.tirx import IndexMap
 
     # A convolution iterates (n, f, y, x, c, ky, kx), reads (kernel, padded input) and writes
@@ -249,7 +250,7 @@ def _as_matmul(sch: Any, block: Any, wl: Workload) -> tuple[tuple[int, int], lis
     sch.transform_block_layout(block, IndexMap.from_func(lambda *v: gemm(v), ndim=variables, index_dtype="int32"))
     if has_block(sch, "pad"):
         sch.compute_inline(sch.get_sblock("pad"))  # into the im2col gather
-    return (0, 1), gathers, scatter
+    return gathers, scatter
 
 
 def _axes_to(used: list[int], variables: int, to: Any) -> Any:
