@@ -135,26 +135,35 @@ class Scheduler:
     def pool_for(self, spec: dict[str, Any]) -> WorkerPool:
         """An idle pool for a job of `spec`'s shape, started now if there is none (`Client.prepare`
         starts the workers of the job it is about to submit): the job finds it up."""
-        pool = self._acquire(None, self.shape_of(spec), lambda: False)
-        self._release(pool)
-        return pool
+        return self._acquire(None, self.shape_of(spec), lambda: False)
 
     def _acquire(self, job_id: int | None, shape: Shape, stopped: Callable[[], bool]) -> WorkerPool:
-        """A pool of `shape` for job `job_id` (None: to keep idle): an idle one of that shape, or
-        a new one once the cluster has the devices (idle pools of other shapes are closed to
-        free theirs; else it waits for a running job to end). _Stopped if `stopped()` meanwhile."""
+        """A pool of `shape` for job `job_id` (None: a pool left idle for the next job, which
+        `pool_for` starts): an idle one of that shape, the one starting for the next job (waited
+        for, not started twice), or a new one once the cluster has the devices (idle pools of
+        other shapes are closed to free theirs; else it waits for a running job to end).
+        _Stopped if `stopped()` meanwhile."""
         waiting = False
         self.start_ray(shape[0])  # outside the lock: seconds
         try:
             with self._pools_changed:
                 while True:
+                    mine: _Slot | None = None
                     for slot in self._slots:
-                        if slot.shape == shape and slot.job is None and slot.pool is not None:
-                            slot.job = job_id if job_id is not None else -1
-                            self._placed(job_id)
-                            return slot.pool
+                        if slot.shape == shape and slot.job is None:
+                            if slot.pool is not None:
+                                slot.job = job_id
+                                self._placed(job_id)
+                                return slot.pool
+                            mine = slot  # starting for the next job: this one, unless it fails
+                    if mine is not None:
+                        self._placed(job_id)
+                        if stopped():
+                            raise _Stopped
+                        self._pools_changed.wait(1.0)
+                        continue
                     if self._fits(shape):
-                        mine = _Slot(shape, self._free_name(shape[0]), job=job_id if job_id is not None else -1)
+                        mine = _Slot(shape, self._free_name(shape[0]), job=job_id)
                         self._slots.append(mine)
                         self._placed(job_id)
                         break
@@ -187,6 +196,9 @@ class Scheduler:
                     self._slots.remove(mine)
                     self._pools_changed.notify_all()
                 raise
+            with self._pools_changed:  # a job waiting for this pool (see above) takes it now
+                mine.idle_since = time.monotonic()
+                self._pools_changed.notify_all()
             self._publish_targets()
             return mine.pool
         finally:

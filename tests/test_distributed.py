@@ -218,6 +218,17 @@ def test_an_embedded_client_runs_jobs_of_different_shapes_at_once(pg_url: str, r
             assert trials["worker"].nunique() == workers
 
 
+def test_a_job_submitted_while_its_prepared_pool_starts_waits_for_that_pool(pg_url: str, ray_local: None) -> None:
+    """`farm tune` prepares the job's workers and submits the job at once: on a cluster with
+    devices to spare (two logical GPUs here) the job still takes the pool starting for it, not a
+    second one started beside it (which on a CPU host halved the cores of both start-ups)."""
+    with Client(pg_url, in_process=True) as client:
+        client.prepare("llvm", 1)
+        job = client.submit(SMALL, "llvm", 4, workers=1, batch_size=2, search="random")
+        assert job.wait(progress=False, timeout=300) == "done"
+        assert set(job.trials()["worker"]) == {"llvm-worker-0"}
+        assert len(client._scheduler_here().pools()) == 1
+
 def test_tasks_of_one_job_with_the_same_configs_each_run_their_own_kernel(pg_url: str, ray_local: None) -> None:
     """Max and average pooling of one shape have the same space, and random search with one seed
     proposes the same config indices for both: each candidate must still run its own task's
