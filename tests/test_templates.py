@@ -182,13 +182,14 @@ def test_resnet_last_conv_space_is_autotvm_tutorial_size() -> None:
 
 @pytest.mark.parametrize(("case", "split_k", "fetch", "pipeline"), [
     ("resnet-last-conv", 8, 0, 0), ("resnet-last-conv", 64, 1, 0), ("matmul-1024", 16, 4, 0),
-    ("matmul-1024", 2, 2, 1), ("matmul-1024", 1, 4, 2), ("matmul-1024", 4, 0, 2), ("spio-grouped", 2, 1, 0),
+    ("matmul-1024", 2, 2, 1), ("matmul-1024", 1, 4, 2), ("matmul-1024", 4, 0, 2), ("matmul-1024", 1, 4, 4),
+    ("spio-grouped", 2, 1, 0),
 ])
 def test_cuda_tiled_split_k_vector_loads_and_pipelining_compile_to_what_they_say(
         case: str, split_k: int, fetch: int, pipeline: int) -> None:
     """Split-K adds a second kernel that sums the slices' partials (grid z = slices x z blocks);
-    vector fetches load float2/float4; pipelining 2 copies with cp.async; each passes GPU
-    verification (which lowers the pipeline, its shared buffers doubled)."""
+    vector fetches load float2/float4; pipelining from 2 buffers on copies with cp.async; each
+    passes GPU verification (which lowers the pipeline, its shared buffers multiplied)."""
     wl = _workload(CUDA_CASES[case])
     template = get_template(wl, "cuda")
     space, rng = template.space(wl, CUDA), random.Random(case)
@@ -202,7 +203,7 @@ def test_cuda_tiled_split_k_vector_loads_and_pipelining_compile_to_what_they_say
     assert source.count("__global__") == (2 if split_k > 1 else 1) * 2  # declared, then defined
     if fetch > 1:
         assert f"*(float{fetch}*)(A_ptr" in source and f"*(float{fetch}*)(B_ptr" in source
-    assert ("cp.async" in source) == (pipeline == 2)
+    assert ("cp.async" in source) == (pipeline >= 2)
 
 
 def test_cuda_tiled_refuses_what_could_not_run() -> None:
@@ -215,7 +216,8 @@ def test_cuda_tiled_refuses_what_could_not_run() -> None:
     config = space.from_json({**config.to_json(), "split_k": 8})
     assert "split_k=8 does not divide the 4 outer steps of k" in (template.check(wl, CUDA, config) or "")
     config = space.from_json({**config.to_json(), "split_k": 4, "fetch": 1, "pipeline": 1})
-    assert "pipelining needs 2 or more outer steps of k per slice, not 1" in (template.check(wl, CUDA, config) or "")
+    assert "2 pipeline buffers need as many outer steps of the reduction, not 1" in (
+        template.check(wl, CUDA, config) or "")
     turing = parse_target({"kind": "cuda", "arch": "sm_75"})
     config = space.from_json({**config.to_json(), "split_k": 1, "pipeline": 2})
     assert template.check(wl, CUDA, config) is None
@@ -316,15 +318,16 @@ def test_float16_sums_accumulate_in_float32() -> None:
         assert (out.numpy() == 4096).all(), f"{config.dumps()}: {out.numpy()}"
 
 
-@pytest.mark.parametrize("pipeline", [0, 1, 2])
+@pytest.mark.parametrize("pipeline", [0, 1, 2, 4])
 @pytest.mark.parametrize("store", [0, 1])
 def test_cuda_tensorcore_compiles_to_wmma_with_float32_accumulators(pipeline: int, store: int) -> None:
     """Fragments loaded, multiplied and stored by WMMA on float32 accumulators, the float16 output
-    written from shared memory; pipelining 2 copies with cp.async."""
+    written from shared memory; pipelines from 2 buffers on load with cp.async, waiting for all
+    but the buffers - 2 newest groups of copies."""
     wl = _workload(CUDA_CASES["matmul-fp16-tensorcore"])
     template = get_template(wl, "cuda")
     config = template.space(wl, CUDA).from_json(dict(
-        tile_i=[4, 2, 2], tile_j=[2, 2, 2], tile_k=[2, 2], vector=8, pad=8, pipeline=pipeline,
+        tile_i=[4, 2, 2], tile_j=[2, 2, 2], tile_k=[4, 1], vector=8, pad=8, pipeline=pipeline,
         auto_unroll_max_step=64, store=store))
     assert template.check(wl, CUDA, config) is None
     mod = template.schedule(wl, CUDA, config).mod
@@ -333,7 +336,9 @@ def test_cuda_tensorcore_compiles_to_wmma_with_float32_accumulators(pipeline: in
     for call in ("load_matrix_sync", "mma_sync", "store_matrix_sync", "fill_fragment"):
         assert f"nvcuda::wmma::{call}" in source, call
     assert "wmma::accumulator, 16, 16, 16, float>" in source
-    assert ("cp.async" in source) == (pipeline == 2)
+    assert ("cp.async" in source) == (pipeline >= 2)
+    if pipeline >= 2:
+        assert f"cp.async.wait_group {pipeline - 2};" in source
 
 
 @pytest.mark.parametrize("name, params", [
@@ -382,22 +387,23 @@ def test_cuda_tensorcore_convolutions_gather_their_tiles_from_the_input(case: st
 
 @pytest.mark.parametrize("case", ["matmul-fp16-tensorcore", "conv2d-fp16-tensorcore"])
 def test_cuda_tensorcore_counts_the_staging_tvm_allocates(case: str) -> None:
-    """`check` counts the float32 staging of the accumulators (static shared memory) as the
-    kernel allocates it, for either way of storing them."""
-    import re
+    """`check` counts the float32 staging of the accumulators (static shared memory) and the
+    input tiles (dynamic) as the kernel allocates them, for either way of storing the former."""
+    from tvm.s_tir.analysis import calculate_allocated_bytes
 
-    from farm.core.templates.cuda_tensorcore import _staging_bytes
+    from farm.core.templates.cuda_tensorcore import _input_bytes, _staging_bytes
+    from farm.core.templates.verify import lower
 
     wl = _workload(CUDA_CASES[case])
     template = get_template(wl, "cuda")
     configs = valid_configs(template, wl, CUDA, count=12)
-    assert {config["store"] for config in configs} == {0, 1}
+    assert {config["store"] for config in configs} == {0, 1} and {config["pad"] for config in configs} == {0, 8}
     for config in configs:
         plain = template.space(wl, CUDA).from_json({**config.to_json(), "auto_unroll_max_step": 0})
-        lib = tvm.compile(template.schedule(wl, CUDA, plain).mod, target=CUDA.tvm())
-        source = lib.mod.imports[0].inspect_source("")
-        static = sum(4 * int(n) for n in re.findall(r"__shared__ alignas\(64\) float \w+\[(\d+)\]", source))
-        assert static == _staging_bytes(plain), plain.dumps()
+        kernel = lower(template.schedule(wl, CUDA, plain).mod, CUDA)["main_kernel"]
+        allocated = calculate_allocated_bytes(kernel)["main"]
+        assert int(allocated["shared"]) == _staging_bytes(plain), plain.dumps()
+        assert int(allocated["shared.dyn"]) == _input_bytes(plain), plain.dumps()
 
 
 def test_cuda_tensorcore_reaches_large_tiles_by_storing_a_fragment_at_a_time() -> None:
@@ -410,6 +416,36 @@ def test_cuda_tensorcore_reaches_large_tiles_by_storing_a_fragment_at_a_time() -
     space = template.space(wl, CUDA)
     assert "> 49152" in (template.check(wl, CUDA, space.from_json({**knobs, "store": 0})) or "")
     assert template.check(wl, CUDA, space.from_json({**knobs, "store": 1})) is None
+
+
+def test_cuda_tensorcore_tiles_reach_the_opt_in_shared_memory_as_tvm_allocates_it() -> None:
+    """The input tiles are dynamic shared memory: from 48 KiB of them on, TVM's runtime opts the
+    kernel in, and a block may hold up to the GPU's opt-in limit (227 KiB on sm_90, 99 KiB on
+    sm_86). Below 48 KiB of them, static and dynamic together must fit 48 KiB. `check` and
+    `verify_gpu` (from the lowered kernel's allocations) agree on each case."""
+    from tvm.s_tir.analysis import calculate_allocated_bytes
+
+    from farm.core.templates.cuda_tensorcore import _input_bytes, _staging_bytes
+    from farm.core.templates.verify import lower
+
+    wl = make_workload("matmul", dict(M=4096, N=4096, K=4096, dtype="float16"))
+    template = get_template(wl, "cuda")
+    space = template.space(wl, CUDA)
+    ampere_rtx = parse_target({"kind": "cuda", "arch": "sm_86"})
+    deep = space.from_json(dict(tile_i=[32, 2, 4], tile_j=[32, 2, 4], tile_k=[64, 4], vector=8, pad=8, pipeline=3,
+                                auto_unroll_max_step=0, store=1))  # 105 KiB of tiles, 25 KiB of staging
+    mod = template.schedule(wl, CUDA, deep).mod
+    allocated = calculate_allocated_bytes(lower(mod, CUDA)["main_kernel"])["main"]
+    assert (int(allocated["shared.dyn"]), int(allocated["shared"])) == (_input_bytes(deep), _staging_bytes(deep))
+    assert _input_bytes(deep) + _staging_bytes(deep) > 99 * 1024
+    assert template.check(wl, CUDA, deep) is None and verify_gpu(mod, CUDA) is None
+    assert "(sm_86's opt-in limit)" in (template.check(wl, ampere_rtx, deep) or "")
+    assert "shared memory" in (verify_gpu(mod, ampere_rtx) or "")
+    # 40 KiB of tiles and 25 KiB of staging: no opt-in, so over 48 KiB.
+    between = space.from_json({**deep.to_json(), "tile_k": [128, 2], "pipeline": 2})
+    assert _input_bytes(between) < 48 * 1024 < _input_bytes(between) + _staging_bytes(between)
+    assert "bytes of shared memory > 49152" in (template.check(wl, CUDA, between) or "")
+    assert "bytes of shared memory > 49152" in (verify_gpu(template.schedule(wl, CUDA, between).mod, CUDA) or "")
 
 
 def test_cuda_tensorcore_refuses_what_could_not_run() -> None:
@@ -429,7 +465,8 @@ def test_cuda_tensorcore_refuses_what_could_not_run() -> None:
         template.check(wl, parse_target({"kind": "cuda", "arch": "sm_75"}), space.from_json({**good, "pipeline": 2}))
         or "")
     assert "16x2 accumulator fragments per warp > 16" in why(tile_i=[1, 1, 16], tile_j=[2, 2, 2])
-    assert "pipelining needs 2 or more outer steps of k, not 1" in why(tile_k=[1, 4])
+    assert "2 pipeline buffers need as many outer steps of the reduction, not 1" in why(tile_k=[1, 4])
+    assert "3 pipeline buffers need as many outer steps of the reduction, not 2" in why(pipeline=3)
     assert "do not split into 128 threads x 8" in why(tile_i=[16, 1, 1], tile_j=[1, 4, 2], tile_k=[4, 1])
     conv = _workload(CUDA_CASES["conv2d-fp16-tensorcore"])
     conv_space = template.space(conv, CUDA)

@@ -26,6 +26,11 @@ DEFAULT_CUDA: dict[str, Any] = {
     "registers_per_block": 65536,
 }
 KINDS = ("llvm", "cuda")
+# Shared memory a block may have once its kernel opts in (cudaDevAttrMaxSharedMemoryPerBlockOptin),
+# by compute capability (the CUDA C++ Programming Guide's table of technical specifications);
+# without opting in, `max_shared_memory_per_block` (48 KiB). Unlisted: no opt-in beyond 48 KiB.
+SHARED_MEMORY_OPTIN = {70: 96 * 1024, 75: 64 * 1024, 80: 163 * 1024, 86: 99 * 1024, 87: 163 * 1024,
+                       89: 99 * 1024, 90: 227 * 1024, 100: 227 * 1024, 101: 227 * 1024, 120: 99 * 1024}
 # The CUDA architectures a target may name: the compute capabilities of CUDA 12's toolkits, from
 # Maxwell (sm_50) to Blackwell (sm_120), with the arch-specific "a" variants of Hopper and
 # Blackwell. Anything else (sm_999, sm_35) would only fail when the first kernel is compiled.
@@ -103,6 +108,18 @@ class TargetSpec:
     @property
     def arch(self) -> str:
         return str(self.doc.get("arch", DEFAULT_CUDA["arch"]))
+
+    @property
+    def compute_capability(self) -> int:
+        """The arch as a number: sm_90a -> 90."""
+        return int(self.arch.removeprefix("sm_").rstrip("af"))
+
+    @property
+    def max_shared_memory_optin(self) -> int:
+        """Shared memory per block for a kernel that opts in (SHARED_MEMORY_OPTIN), never less than
+        `max_shared_memory_per_block`."""
+        limit = self.limit("max_shared_memory_per_block")
+        return max(limit, SHARED_MEMORY_OPTIN.get(self.compute_capability, limit))
 
     def tvm(self) -> Any:
         """The tvm.target.Target (the llvm kind gets a host-native CPU unless one is named)."""

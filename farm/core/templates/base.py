@@ -74,10 +74,58 @@ def new_schedule(wl: Workload) -> Any:
     return s_tir.Schedule(tvm.IRModule({"main": wl.prim_func()}))
 
 
-def shared_memory_error(smem: int, target: TargetSpec) -> str | None:
-    """Why `smem` bytes of shared memory per block cannot launch on `target`, None if they can."""
-    limit = target.limit("max_shared_memory_per_block")
-    return f"{smem} bytes of shared memory > {limit}" if smem > limit else None
+# TVM's CUDA runtime (CUDAWrappedFunc) opts a kernel in to more shared memory from this much
+# dynamic shared memory on.
+DYNAMIC_OPTIN_BYTES = 48 * 1024
+
+
+def shared_memory_error(static: int, target: TargetSpec, dynamic: int = 0) -> str | None:
+    """Why a block with `static` bytes of shared memory (fixed in the kernel) and `dynamic` bytes
+    (``shared.dyn``, sized at launch) cannot launch on `target`, None if it can. TVM's CUDA
+    runtime opts a kernel in to more than `max_shared_memory_per_block` (48 KiB) only when its
+    dynamic part alone reaches 48 KiB (it then raises the kernel's dynamic limit to exactly that
+    part); the block may then use up to the target's opt-in limit in all."""
+    limit, total = target.limit("max_shared_memory_per_block"), static + dynamic
+    if static > limit:
+        return f"{static} bytes of static shared memory > {limit}"
+    if dynamic < DYNAMIC_OPTIN_BYTES:
+        return f"{total} bytes of shared memory > {limit}" if total > limit else None
+    optin = target.max_shared_memory_optin
+    return f"{total} bytes of shared memory > {optin} ({target.arch}'s opt-in limit)" if total > optin else None
+
+
+# Software pipelining of a reduction's outer loop whose body copies two input tiles into shared
+# memory and then computes on them (the `pipeline` knob of the cuda templates): 0, none; 1, the
+# next step's tiles load into a second buffer, with ordinary loads, while this step computes;
+# n >= 2, n buffers filled by asynchronous copies (cp.async, sm_80 and later): n - 1 steps'
+# tiles in flight while one computes, the loads needing no registers.
+PIPELINE = (0, 1, 2, 3, 4)
+
+
+def pipeline_buffers(pipeline: int) -> int:
+    """Copies of each shared tile that `pipeline` keeps."""
+    return 1 if pipeline == 0 else max(2, pipeline)
+
+
+def pipeline_error(pipeline: int, steps: int, target: TargetSpec) -> str | None:
+    """Why `pipeline` cannot pipeline a loop of `steps` on `target`, None if it can."""
+    buffers = pipeline_buffers(pipeline)
+    if pipeline and steps < buffers:
+        return f"{buffers} pipeline buffers need as many outer steps of the reduction, not {steps}"
+    if pipeline >= 2 and target.compute_capability < 80:
+        return f"asynchronous copies need sm_80 or later, not {target.arch}"
+    return None
+
+
+def pipeline_loop(sch: Any, loop: Any, pipeline: int) -> None:
+    """Pipeline `loop` as `pipeline` says; its body is the two shared copies (stage 0) and then
+    the computation on them (the last stage: it runs buffers - 1 steps behind the copies)."""
+    if not pipeline:
+        return
+    sch.annotate(loop, "software_pipeline_stage", [0, 0, pipeline_buffers(pipeline) - 1])
+    sch.annotate(loop, "software_pipeline_order", [0, 1, 2])
+    if pipeline >= 2:
+        sch.annotate(loop, "software_pipeline_async_stages", [0])
 
 
 def axis_extents(wl: Workload, axes: Sequence[str]) -> dict[str, int]:

@@ -26,8 +26,13 @@ TensorIR tensorize tests): the output is tiled into 16x16 fragments, grouped
   each warp's fragments one at a time, each written out by the warp's own 32 threads (1). The
   whole tile costs 4 bytes of shared memory per output: a 128x128 tile takes 64 KiB, more than
   a block gets without opting in (48 KiB), so the larger tiles are only reachable with 1;
-- `pipeline` double-buffers the shared tiles (1), with asynchronous copies on sm_80 and later (2),
-  so the next step's tiles load while this one computes; `auto_unroll_max_step` unrolls.
+- `pipeline` keeps 2 to 4 copies of the shared tiles (base.PIPELINE: 1 with ordinary loads, 2 to 4
+  with asynchronous copies on sm_80 and later), so the next steps' tiles load while this one
+  computes; `auto_unroll_max_step` unrolls.
+
+The input tiles are dynamic shared memory (``shared.dyn``), so a block may use more than 48 KiB
+where the GPU allows it (base.shared_memory_error: 227 KiB on Hopper): the larger k-chunks and
+the deeper pipelines need it. The accumulators' staging is static and stays within 48 KiB.
 
 Every fragment is a full 16x16x16 tile, so the product's M, N and K (for a conv2d: CO, N*OH*OW
 and CI*KH*KW; per group for a grouped conv) must be multiples of 16 (`applies`): other shapes
@@ -45,11 +50,15 @@ from farm.core.space import ChoiceKnob, Config, ConfigSpace, SplitKnob
 from farm.core.targets import TargetSpec
 from farm.core.templates.base import (
     CUDA_MAX_GRID_DIM,
+    PIPELINE,
     Template,
     annotate_unroll,
     fold_epilogue,
     has_block,
     new_schedule,
+    pipeline_buffers,
+    pipeline_error,
+    pipeline_loop,
     shared_memory_error,
 )
 from farm.core.workloads import Workload
@@ -61,16 +70,12 @@ WARP = 32
 # 255 registers per thread.
 MAX_ACCUMULATORS = 16
 VECTOR = (1, 2, 4, 8)  # halves per load into shared memory (8: one 128-bit load)
-PAD = (0, 8)  # halves added to each shared row (8: 16 bytes, keeps WMMA's 16-byte row alignment)
-PIPELINE = (0, 1, 2)
+# Shared rows padded to a stride of 8 halves over a multiple of 32 (`_row`), so that the fragment
+# loads of neighbouring rows fall in different banks (8 halves: WMMA's 16-byte row alignment).
+PAD = (0, 8)
 UNROLL = (0, 64, 512)
 STORE = (0, 1)  # the accumulators go out through the block's whole tile (0) or a fragment at a time (1)
 OUT_VECTOR = 4  # floats per thread and load from a fragment's staging area (one 128-bit load)
-
-
-def arch_number(target: TargetSpec) -> int:
-    """The compute capability of `target` as an int (sm_90a -> 90)."""
-    return int(target.arch.removeprefix("sm_").rstrip("af"))
 
 
 def groups(wl: Workload) -> int:
@@ -106,7 +111,7 @@ class CudaTensorCore(Template, name="cuda.tensorcore", kind="cuda",
         ])
 
     def check(self, wl: Workload, target: TargetSpec, config: Config) -> str | None:
-        if arch_number(target) < 70:
+        if target.compute_capability < 70:
             return f"tensor cores need sm_70 or later, not {target.arch}"
         (blocks_i, warps_i, frags_i), (_, warps_j, frags_j) = config["tile_i"], config["tile_j"]
         threads = warps_i * warps_j * WARP
@@ -130,11 +135,9 @@ class CudaTensorCore(Template, name="cuda.tensorcore", kind="cuda",
             # CUDA code generator prints as calls nvcc rejects (make_longlong4 with 8 arguments):
             # 6 of 14 such conv2d configs failed to build, none with 4 lanes or fewer.
             return "8-lane vectors of a conv2d's im2col gather do not compile (TVM's CUDA codegen)"
-        if config["pipeline"] and steps < 2:
-            return f"pipelining needs 2 or more outer steps of k, not {steps}"
-        if config["pipeline"] == 2 and arch_number(target) < 80:
-            return f"asynchronous copies need sm_80 or later, not {target.arch}"
-        return shared_memory_error(_shared_bytes(config), target)
+        if (reason := pipeline_error(config["pipeline"], steps, target)) is not None:
+            return reason
+        return shared_memory_error(_staging_bytes(config), target, _input_bytes(config))
 
     def schedule(self, wl: Workload, target: TargetSpec, config: Config) -> Any:
         import tvm.s_tir.tensor_intrin.cuda as intrin
@@ -192,13 +195,8 @@ class CudaTensorCore(Template, name="cuda.tensorcore", kind="cuda",
         sch.tensorize(sch.get_loops(init)[-2], intrin.WMMA_FILL_16x16x16_F32_INTRIN)
         sch.tensorize(i_16, intrin.WMMA_SYNC_16x16x16_f16f16f32_INTRIN)
 
-        if config["pipeline"]:
-            # The loop's body: the two shared copies (stage 0), then the fragment loads and the
-            # mma (stage 1), which run one step behind on the other shared buffers.
-            sch.annotate(k_outer, "software_pipeline_stage", [0, 0, 1])
-            sch.annotate(k_outer, "software_pipeline_order", [0, 1, 2])
-            if config["pipeline"] == 2:
-                sch.annotate(k_outer, "software_pipeline_async_stages", [0])
+        # The loop's body: the two shared copies, then the fragment loads and the mma.
+        pipeline_loop(sch, k_outer, config["pipeline"])
         annotate_unroll(sch, i_block, config["auto_unroll_max_step"], 1)
         return sch
 
@@ -275,24 +273,26 @@ def _tile(config: Config) -> tuple[int, int, int]:
     return warps_i * frags_i * FRAGMENT, warps_j * frags_j * FRAGMENT, config["tile_k"][1] * FRAGMENT
 
 
-def _shared_bytes(config: Config) -> int:
-    """Shared memory per block: the inputs' tiles (dynamic shared memory) and the staging of the
-    accumulators (static). In one dynamic buffer TVM 0.27 would reuse the inputs' bytes for the
-    staging, but its merge pass then types the float32 pointers as float16 and fails
-    (`tvm_access_ptr element type must match the source buffer`) whenever the inputs' tiles are
-    the larger."""
-    return _input_bytes(config) + _staging_bytes(config)
-
-
 def _input_bytes(config: Config) -> int:
-    """The A and B tiles in float16: rows padded, twice when pipelined."""
+    """The A and B tiles in float16, rows padded, one copy per pipeline buffer: the block's
+    dynamic shared memory."""
     rows, cols, depth = _tile(config)
-    pad = config["pad"]
-    return (rows * (depth + pad) + depth * (cols + pad)) * 2 * (2 if config["pipeline"] else 1)
+    return (rows * _row(depth, config["pad"]) + depth * _row(cols, config["pad"])) * 2 * pipeline_buffers(
+        config["pipeline"])
+
+
+def _row(length: int, pad: int) -> int:
+    """Halves a shared row of `length` takes with `pad`: `storage_align` (factor 32, offset pad)
+    rounds its stride up to the next one that leaves `pad` over a multiple of 32 (a row of 16
+    halves padded by 8 takes 40)."""
+    return length + (pad - length) % 32 if pad else length
 
 
 def _staging_bytes(config: Config) -> int:
-    """The float32 staging of the accumulators: the whole output tile (`store` 0), or one
+    """The block's static shared memory: the float32 staging of the accumulators. (In the one
+    dynamic buffer TVM 0.27 would reuse the inputs' bytes for it, but its merge pass then types
+    the float32 pointers as float16 and fails, `tvm_access_ptr element type must match the
+    source buffer`, whenever the inputs' tiles are the larger.) The whole output tile (`store` 0), or one
     fragment per warp (1), which TVM allocates as the box that holds every warp's fragment at
     the same position: (warps - 1) x fragments per warp + 1 fragments along each axis."""
     rows, cols, _ = _tile(config)

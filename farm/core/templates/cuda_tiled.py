@@ -8,7 +8,7 @@ the block, then through registers at the middle loop; the output accumulates in 
 cache; `auto_unroll_max_step` in {0, 512, 1500} and `unroll_explicit` in {0, 1} tune unrolling.
 Three knobs go beyond the tutorial: `split_k` (the first reduction axis cut into slices whose
 partial sums a second kernel adds up), `fetch` (coalesced and vector loads into shared memory)
-and, for matmul, `pipeline` (double-buffered shared tiles, with cp.async or without). Their
+and, for matmul, `pipeline` (2 to 4 shared buffers per tile, with cp.async or without: base.PIPELINE). Their
 first values (1, 0, 0) give the tutorial's kernel: for its ResNet last layer that slice of the
 space has exactly the tutorial's 10,454,400 configs.
 
@@ -25,6 +25,7 @@ from farm.core.targets import TargetSpec
 from farm.core.templates.base import (
     CUDA_MAX_BLOCK_DIM,
     CUDA_MAX_GRID_DIM,
+    PIPELINE,
     Template,
     annotate_unroll,
     axis_extents,
@@ -32,6 +33,9 @@ from farm.core.templates.base import (
     dtype_bytes,
     fold_epilogue,
     new_schedule,
+    pipeline_buffers,
+    pipeline_error,
+    pipeline_loop,
     prod,
     shared_memory_error,
 )
@@ -63,10 +67,8 @@ SPLIT_K = (1, 2, 4, 8, 16, 32, 64)
 # Vector loads only where every row of a tile is contiguous in the input: matmul.
 FETCH = {"matmul": (0, 1, 2, 4)}
 FETCH_DEFAULT = (0, 1)
-# Software pipelining of the outer reduction loop (matmul): 0, none; 1, the next step's tiles are
-# loaded into a second shared buffer while this step computes; 2, the same with asynchronous
-# copies (cp.async, sm_80 and later), so the loads need no registers and overlap fully.
-PIPELINE = {"matmul": (0, 1, 2)}
+# Software pipelining of the outer reduction loop (base.PIPELINE): matmul only.
+PIPELINE_OF = {"matmul": PIPELINE}
 # Threads per block of the kernel that adds up split-K's partial sums.
 SUM_THREADS = 256
 
@@ -81,7 +83,7 @@ class CudaTiled(Template, name="cuda.tiled", kind="cuda", workloads=tuple(_AXES)
             + [ChoiceKnob("auto_unroll_max_step", [0, 512, 1500]), ChoiceKnob("unroll_explicit", [0, 1]),
                ChoiceKnob("split_k", [k for k in SPLIT_K if extents[reduce[0]] % k == 0]),
                ChoiceKnob("fetch", list(FETCH.get(wl.name, FETCH_DEFAULT))),
-               ChoiceKnob("pipeline", list(PIPELINE.get(wl.name, (0,))))]
+               ChoiceKnob("pipeline", list(PIPELINE_OF.get(wl.name, (0,))))]
         )
 
     def check(self, wl: Workload, target: TargetSpec, config: Config) -> str | None:
@@ -104,11 +106,9 @@ class CudaTiled(Template, name="cuda.tiled", kind="cuda", workloads=tuple(_AXES)
             return f"blockIdx.z extent {grid_z} > {CUDA_MAX_GRID_DIM['z']}"
         if (reason := _vector_error(wl, config)) is not None:
             return reason
-        if config["pipeline"] and outer // split < 2:
-            return f"pipelining needs 2 or more outer steps of {reduce[0]} per slice, not {outer // split}"
-        if config["pipeline"] == 2 and int(target.arch.removeprefix("sm_").rstrip("af")) < 80:
-            return f"asynchronous copies need sm_80 or later, not {target.arch}"
-        return shared_memory_error(_shared_bytes(wl, config) * (2 if config["pipeline"] else 1), target)
+        if (reason := pipeline_error(config["pipeline"], outer // split, target)) is not None:
+            return reason
+        return shared_memory_error(_shared_bytes(wl, config) * pipeline_buffers(config["pipeline"]), target)
 
     def schedule(self, wl: Workload, target: TargetSpec, config: Config) -> Any:
         spatial, reduce = _AXES[wl.name]
@@ -182,13 +182,8 @@ class CudaTiled(Template, name="cuda.tiled", kind="cuda", workloads=tuple(_AXES)
             local = sch.cache_read(block, i, "local")
             sch.compute_at(local, reduce_mid[-1])
 
-        if config["pipeline"]:
-            # The loop's body: the two shared copies (stage 0), then the register tiles and the
-            # multiply-adds (stage 1), which run one step behind on the other shared buffers.
-            sch.annotate(reduce_outer[-1], "software_pipeline_stage", [0, 0, 1])
-            sch.annotate(reduce_outer[-1], "software_pipeline_order", [0, 1, 2])
-            if config["pipeline"] == 2:
-                sch.annotate(reduce_outer[-1], "software_pipeline_async_stages", [0])
+        # The loop's body: the two shared copies, then the register tiles and the multiply-adds.
+        pipeline_loop(sch, reduce_outer[-1], config["pipeline"])
         annotate_unroll(sch, bound["blockIdx"][0], config["auto_unroll_max_step"],
                         config["unroll_explicit"])
         return sch

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from farm.core.targets import TargetSpec
-from farm.core.templates.base import CUDA_MAX_BLOCK_DIM, CUDA_MAX_GRID_DIM
+from farm.core.templates.base import CUDA_MAX_BLOCK_DIM, CUDA_MAX_GRID_DIM, shared_memory_error
 
 
 def lower(mod: Any, target: TargetSpec) -> Any:
@@ -29,10 +29,12 @@ def lower(mod: Any, target: TargetSpec) -> Any:
 
 
 def constraints(target: TargetSpec) -> dict[str, int]:
-    """The limits `verify_gpu_code` checks, for `target`."""
+    """The limits `verify_gpu_code` checks, for `target`. Its shared memory bound is the opt-in
+    one: it counts static and dynamic shared memory alike, and `verify_gpu` applies the rule
+    that tells them apart (base.shared_memory_error)."""
     return {
         "max_threads_per_block": target.limit("max_threads_per_block"),
-        "max_shared_memory_per_block": target.limit("max_shared_memory_per_block"),
+        "max_shared_memory_per_block": target.max_shared_memory_optin,
         "max_vthread": target.max_vthreads,
         "max_vector_bytes": 16,  # one 128-bit load/store
         **{f"max_thread_{d}": n for d, n in CUDA_MAX_BLOCK_DIM.items()},
@@ -59,6 +61,10 @@ def verify_gpu(mod: Any, target: TargetSpec) -> str | None:
             continue  # host code
         if not s_tir.analysis.verify_gpu_code(func, limits):
             return f"kernel {gvar.name_hint}: {_violation(func, limits)}"
+        allocated = s_tir.analysis.calculate_allocated_bytes(func)["main"]
+        static, dynamic = int(allocated.get("shared", 0)), int(allocated.get("shared.dyn", 0))
+        if (reason := shared_memory_error(static, target, dynamic)) is not None:
+            return f"kernel {gvar.name_hint}: {reason}"
     return _grid_violation(mod)
 
 
