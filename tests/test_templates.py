@@ -8,6 +8,7 @@ Runs without a GPU: cuda targets are compiled to CUDA source and verified, not r
 from __future__ import annotations
 
 import random
+import re
 from typing import Any
 
 import numpy as np
@@ -59,6 +60,9 @@ CUDA_CASES = {
     "conv2d-fp16-tensorcore": ("conv2d_nchw", dict(N=2, CI=16, H=8, W=8, CO=32, KH=3, KW=3, pad=1, dtype="float16")),
     "conv2d-fp16-tensorcore-stride2": (
         "conv2d_nchw", dict(N=4, CI=32, H=16, W=16, CO=16, KH=3, KW=3, stride=2, pad=1, dtype="float16")
+    ),
+    "conv2d-fp16-tensorcore-1x1": (
+        "conv2d_nchw", dict(N=2, CI=32, H=12, W=12, CO=32, KH=1, KW=1, dtype="float16")
     ),
     "group-conv-fp16-tensorcore": (
         "group_conv2d_nchw", dict(N=2, CI=64, H=8, W=8, CO=64, KH=3, KW=3, groups=2, pad=1, dtype="float16")
@@ -404,6 +408,29 @@ def test_cuda_tensorcore_counts_the_staging_tvm_allocates(case: str) -> None:
         allocated = calculate_allocated_bytes(kernel)["main"]
         assert int(allocated["shared"]) == _staging_bytes(plain), plain.dumps()
         assert int(allocated["shared.dyn"]) == _input_bytes(plain), plain.dumps()
+
+
+@pytest.mark.parametrize(("case", "knobs"), [
+    ("matmul-fp16-tensorcore", dict(tile_i=[4, 2, 2], tile_j=[4, 1, 2], tile_k=[4, 1], vector=2, pad=0, pipeline=1,
+                                    auto_unroll_max_step=64)),
+    ("matmul-fp16-tensorcore", dict(tile_i=[2, 4, 2], tile_j=[4, 2, 1], tile_k=[4, 1], vector=1, pad=8, pipeline=0,
+                                    auto_unroll_max_step=512)),
+    ("conv2d-fp16-tensorcore-1x1", dict(tile_i=[1, 1, 2], tile_j=[18, 1, 1], tile_k=[1, 2], vector=4, pad=8,
+                                        pipeline=0, auto_unroll_max_step=64)),
+])
+def test_cuda_tensorcore_reads_each_stored_fragment_back(case: str, knobs: dict[str, Any]) -> None:
+    """With `store` 1 a warp stages each of its fragments at the same shared address; once TVM
+    had unrolled the write-out, its CUDA printer reused the first fragment's load for the others
+    (the H100 check of 2026-11-25: relative errors of 1 in these configs). Every store of a
+    fragment must be followed by a load of it before the next one is stored."""
+    wl = _workload(CUDA_CASES[case])
+    template = get_template(wl, "cuda")
+    config = template.space(wl, CUDA).from_json({**knobs, "store": 1})
+    source = tvm.compile(template.schedule(wl, CUDA, config).mod, target=CUDA.tvm()).mod.imports[0].inspect_source("")
+    staging = re.search(r"store_matrix_sync\(\(&\((\w+)\[", source).group(1)  # type: ignore[union-attr]
+    stored = source.split(f"store_matrix_sync((&({staging}")[1:]
+    assert len(stored) == config["tile_i"][2] * config["tile_j"][2] > 1
+    assert all(f"*(float4*)({staging}" in after for after in stored)
 
 
 def test_cuda_tensorcore_reaches_large_tiles_by_storing_a_fragment_at_a_time() -> None:

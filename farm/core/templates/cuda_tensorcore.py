@@ -168,9 +168,15 @@ class CudaTensorCore(Template, name="cuda.tensorcore", kind="cuda",
         if config["store"]:  # each fragment as soon as it is stored, by its warp's lanes
             sch.reverse_compute_at(out_shared, sch.get_loops(accumulator)[-3])
             fold_epilogue(sch, out_shared, None)
-            _, lane, vector = sch.split(sch.fuse(*sch.get_loops(out_shared)[-2:]), [None, WARP, OUT_VECTOR])
+            rows, lane, vector = sch.split(sch.fuse(*sch.get_loops(out_shared)[-2:]), [None, WARP, OUT_VECTOR])
             sch.bind(lane, "threadIdx.x")
             sch.vectorize(vector)
+            # Left a loop for nvcc to unroll (`#pragma unroll`), not copied out by TVM: every
+            # fragment is staged at the same address, and in straight-line code TVM 0.27's CUDA
+            # printer reuses the first fragment's vector load for all the others (it caches a
+            # cast's operand by its text, across the stores and barriers between them), so
+            # every fragment but the first was written out with the first one's values.
+            sch.annotate(rows, "pragma_unroll_explicit", 0)
         else:  # the block's whole tile, by all its threads
             sch.reverse_compute_at(out_shared, j_block)
             fold_epilogue(sch, out_shared, None)
