@@ -226,6 +226,11 @@ def test_cuda_tiled_refuses_what_could_not_run() -> None:
     config = space.from_json({**config.to_json(), "split_k": 1, "pipeline": 2})
     assert template.check(wl, CUDA, config) is None
     assert "asynchronous copies need sm_80 or later, not sm_75" in (template.check(wl, turing, config) or "")
+    config = space.from_json({**config.to_json(), "pipeline": 3, "auto_unroll_max_step": 512})
+    assert "3 or more pipeline buffers need explicit unrolling" in (template.check(wl, CUDA, config) or "")
+    config = space.from_json({**config.to_json(), "unroll_explicit": 1})
+    assert template.check(wl, CUDA, config) is None
+    tvm.compile(template.schedule(wl, CUDA, config).mod, target=CUDA.tvm())
 
 
 @pytest.mark.parametrize("preset", [*PRESETS, "matmul-1024"])

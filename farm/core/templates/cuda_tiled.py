@@ -108,6 +108,12 @@ class CudaTiled(Template, name="cuda.tiled", kind="cuda", workloads=tuple(_AXES)
             return reason
         if (reason := pipeline_error(config["pipeline"], outer // split, target)) is not None:
             return reason
+        implicit_unroll = config["auto_unroll_max_step"] and not config["unroll_explicit"]
+        if pipeline_buffers(config["pipeline"]) > 2 and implicit_unroll:
+            # The pipeline's epilogue then becomes a `#pragma unroll` loop whose cp.async wait
+            # counts depend on its variable, which TVM 0.27's CUDA codegen rejects (4 of 4 such
+            # candidates failed to build in the H100 check of 2026-11-25).
+            return "3 or more pipeline buffers need explicit unrolling (unroll_explicit=1) or none"
         return shared_memory_error(_shared_bytes(wl, config) * pipeline_buffers(config["pipeline"]), target)
 
     def schedule(self, wl: Workload, target: TargetSpec, config: Config) -> Any:
