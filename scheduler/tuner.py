@@ -50,10 +50,6 @@ log = logging.getLogger("farm.scheduler")
 # Candidates per call to a worker: results come back a few at a time (progress moves per few
 # trials; a slow compile delays only its chunk's results), and a call costs about a millisecond.
 CHUNK = 4
-# A worker's first chunks of a task hold one candidate each, so the first result is stored as
-# soon as any one of them has compiled, not the slowest of a chunk (the first, unguided configs of
-# resnet-last-conv took 1 to 13 s each to compile on the H200 host), while the chunks behind compile.
-FIRST_SINGLES = 4
 # A config whose worker died under it this many times is recorded as failed (a candidate that
 # kills its worker every time is data too).
 MAX_ATTEMPTS = 3
@@ -161,7 +157,12 @@ class _TaskLoop:
         self.current = starting_model(store, row)
         searches.set_model(self.current)
         self.in_flight = [0] * pool.size  # candidates being proposed for, or handed to, each worker
-        self.singles = [FIRST_SINGLES] * pool.size  # single-candidate chunks still to hand each worker
+        # A worker's first batch of a task goes out one candidate per call, so the first result is
+        # stored as soon as any one of them has compiled, not the slowest of a chunk: the first,
+        # unguided configs of resnet-last-conv took 1 to 13 s each to compile on the GPU hosts,
+        # and a batch (16) compiles at once on their 16 build slots. (Four singles gave the
+        # first trial 14.8-16.6 s after `farm tune` started on an H100 host, 2026-11-25.)
+        self.singles = [batch_size] * pool.size  # single-candidate chunks still to hand each worker
         self.proposals: dict[cf.Future[list[int]], tuple[int, int]] = {}  # -> (worker, n)
         self.running: dict[cf.Future[list[MeasureResult]], _Chunk] = {}
         self.retry: list[_Chunk] = []  # chunks whose worker died: to measure again
@@ -274,7 +275,7 @@ class _TaskLoop:
         added = self.pool.grow()
         if added:
             self.in_flight += [0] * added
-            self.singles += [FIRST_SINGLES] * added
+            self.singles += [self.batch_size] * added
             self.round_size = self.pool.size * self.batch_size
             log.info("task %s: %d worker(s) joined, %d measuring now", self.task_id, added, self.pool.size)
 
