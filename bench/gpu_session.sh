@@ -21,6 +21,10 @@
 #   kernels     bench/kernels_vs_vendor.py: KERNEL_CASES (;-separated) tuned KERNEL_TRIALS trials,
 #               KERNEL_SEEDS seeds each, best kernels re-timed side by side with PyTorch; one run per
 #               case (OUTDIR/kernels-CASE.json), so a case's figures stand whatever the next one does
+#   rekernels   bench/kernels_vs_vendor.py --retime --allow-stale: KERNEL_CASES' exports of an earlier run
+#               in KERNELS_DIR (seeds 0 .. KERNEL_SEEDS-1) rebuilt by the current templates and timed again
+#   ncu         Nsight Compute on NCU_CASE's seed-0 export in KERNELS_DIR and on PyTorch's kernel for it:
+#               the first NCU_LAUNCHES kernels of a retime (PyTorch's reference, then the farm's kernel)
 #   bash bench/gpu_session.sh OUTDIR [STEP ...]      (TRIALS=300, MS_TRIALS=128 by default)
 # OUTDIR/DONE appears when every step has ended (for a session run in the background and
 # collected by bench/gpu_collect.sh).
@@ -82,6 +86,18 @@ for s in $STEPS; do
                step "kernels-$name" 3000 python3 bench/kernels_vs_vendor.py --case="$case" --trials "$KERNEL_TRIALS" \
                  --seeds "$KERNEL_SEEDS" --out "$OUT/kernels" --json "$OUT/kernels-$name.json"
              done ;;
+    rekernels) IFS=';' read -ra cases <<< "$KERNEL_CASES"
+             for case in "${cases[@]}"; do
+               name=$(tr -d '=' <<< "$case" | tr ' ' '-')
+               step "rekernels-$name" 600 python3 bench/kernels_vs_vendor.py --case="$case" --seeds "$KERNEL_SEEDS" \
+                 --retime --allow-stale --out "${KERNELS_DIR:?}" --json "$OUT/rekernels-$name.json"
+             done ;;
+    ncu) name=$(tr -d '=' <<< "${NCU_CASE:?}" | tr ' ' '-')
+         # --clock-control none: the clocks as the timed runs see them (the device tool's METHOD.md).
+         step "ncu-$name" 600 ncu --clock-control none --launch-count "${NCU_LAUNCHES:-6}" --section SpeedOfLight \
+           --section Occupancy --section LaunchStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+           --section WarpStateStats --section SchedulerStats python3 bench/kernels_vs_vendor.py --case="$NCU_CASE" \
+           --seeds 1 --retime --allow-stale --out "${KERNELS_DIR:?}" ;;
     *) echo "unknown step $s" >&2 ;;
   esac
 done

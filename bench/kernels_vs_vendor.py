@@ -15,7 +15,8 @@ in fp32. Pooling cases also time a device-to-device copy of their input the same
 device's copy bandwidth, read + write) and give each kernel's share of it.
 
 Prints one line per case (PyTorch, the farm's median over seeds and its range, the ratio) and,
-with --json, every figure. --retime times the exports of an earlier run in --out again;
+with --json, every figure. --retime times the exports of an earlier run in --out again
+(--allow-stale: built by the current version of their template);
 --tvm-compile adds each kernel as TVM's default compile makes it (NVRTC, fast math) beside the
 farm's build of it (nvcc -O3, as the farm measured it).
 """
@@ -94,9 +95,11 @@ def tvm_default_build(wl: Workload, export: Path) -> Any:
     return tvm.compile(task.schedule(config).mod, target=task.target.tvm())
 
 
-def retime_case(wl: Workload, exports: dict[str, Path], tvm_compile: bool = False) -> dict[str, Any]:
+def retime_case(wl: Workload, exports: dict[str, Path], tvm_compile: bool = False,
+                allow_stale: bool = False) -> dict[str, Any]:
     """PyTorch and each export's best kernel for `wl`: checked against PyTorch's output, timed.
-    With `tvm_compile`, each kernel also as TVM's default compile makes it (label + "-tvm")."""
+    With `tvm_compile`, each kernel also as TVM's default compile makes it (label + "-tvm"); with
+    `allow_stale`, exports of an older version of their template are built by the current one."""
     import torch
 
     from farm.apply import build
@@ -105,7 +108,8 @@ def retime_case(wl: Workload, exports: dict[str, Path], tvm_compile: bool = Fals
     inputs = [torch.from_numpy(x).to("cuda") for x in wl.random_inputs(0)]  # torch_op's inputs
     fns: dict[str, Callable[[], Any]] = {"pytorch": torch_op(wl)}
     errors: dict[str, float] = {}
-    builds = {label: (lambda e=export: build(wl, "cuda", e)) for label, export in exports.items()}
+    builds = {label: (lambda e=export: build(wl, "cuda", e, allow_stale=allow_stale))
+              for label, export in exports.items()}
     if tvm_compile:
         builds |= {f"{label}-tvm": (lambda e=export: tvm_default_build(wl, e)) for label, export in exports.items()}
     for label, make in builds.items():
@@ -145,6 +149,9 @@ def main() -> None:
     parser.add_argument("--retime", action="store_true", help="only time the exports of an earlier run in --out")
     parser.add_argument("--tvm-compile", action="store_true",
                         help="also time each kernel as TVM's default compile makes it (NVRTC, fast math)")
+    parser.add_argument("--allow-stale", action="store_true",
+                        help="with --retime: build exports tuned against an older version of their template "
+                             "with the current one (a fix that changed the generated code, not the space)")
     args = parser.parse_args()
     try:
         cases = [parse_case(case) for case in args.case]  # bad cases fail here, before any tuning
@@ -174,7 +181,8 @@ def main() -> None:
                   flush=True)
     for case, (_, _, wl) in zip(args.case, cases, strict=True):
         seeds = runs[case]
-        timing = retime_case(wl, {label: args.out / f"{label}-best.json" for label in seeds}, args.tvm_compile)
+        timing = retime_case(wl, {label: args.out / f"{label}-best.json" for label in seeds}, args.tvm_compile,
+                             args.allow_stale)
         farm_us = [timing[label]["median_us"] for label in seeds]
         row = {"workload": wl.to_json(), "pytorch": timing["pytorch"], "copy": timing.get("copy"),
                "seeds": {label: {**seeds[label], **timing[label]} for label in seeds},
