@@ -48,6 +48,8 @@ nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | sed "s
 python3 -c "import sys; print('dont_write_bytecode', sys.flags.dont_write_bytecode)" | tee -a "$OUT/gpu.txt"
 t0=$SECONDS; python3 -m compileall -q -j 0 ${PYTHONPATH//:/ } > /dev/null 2>&1
 echo "bytecode compiled in $((SECONDS - t0)) s" | tee -a "$OUT/gpu.txt"
+# A case's name in file names: "matmul M=64 N=64" -> "matmul-M64-N64".
+case_name() { tr -d '=' <<< "$1" | tr ' ' '-'; }
 step() { local name=$1 limit=$2; shift 2; echo "== $name"; local t0=$SECONDS
   timeout "$limit" "$@" > >(tee "$OUT/$name.log") 2>&1; echo "== $name: exit $? in $((SECONDS - t0)) s"; }
 for s in $STEPS; do
@@ -82,17 +84,17 @@ for s in $STEPS; do
              --out "$OUT/check" ;;
     kernels) IFS=';' read -ra cases <<< "$KERNEL_CASES"
              for case in "${cases[@]}"; do
-               name=$(tr -d '=' <<< "$case" | tr ' ' '-')
+               name=$(case_name "$case")
                step "kernels-$name" 3000 python3 bench/kernels_vs_vendor.py --case="$case" --trials "$KERNEL_TRIALS" \
                  --seeds "$KERNEL_SEEDS" --out "$OUT/kernels" --json "$OUT/kernels-$name.json"
              done ;;
     rekernels) IFS=';' read -ra cases <<< "$KERNEL_CASES"
              for case in "${cases[@]}"; do
-               name=$(tr -d '=' <<< "$case" | tr ' ' '-')
+               name=$(case_name "$case")
                step "rekernels-$name" 600 python3 bench/kernels_vs_vendor.py --case="$case" --seeds "$KERNEL_SEEDS" \
                  --retime --allow-stale --out "${KERNELS_DIR:?}" --json "$OUT/rekernels-$name.json"
              done ;;
-    ncu) name=$(tr -d '=' <<< "${NCU_CASE:?}" | tr ' ' '-')
+    ncu) name=$(case_name "${NCU_CASE:?}")
          # --clock-control none: the clocks as the timed runs see them (the device tool's METHOD.md).
          step "ncu-$name" 600 ncu --clock-control none --launch-count "${NCU_LAUNCHES:-6}" --section SpeedOfLight \
            --section Occupancy --section LaunchStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \

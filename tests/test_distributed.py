@@ -229,6 +229,7 @@ def test_a_job_submitted_while_its_prepared_pool_starts_waits_for_that_pool(pg_u
         assert set(job.trials()["worker"]) == {"llvm-worker-0"}
         assert len(client._scheduler_here().pools()) == 1
 
+
 def test_tasks_of_one_job_with_the_same_configs_each_run_their_own_kernel(pg_url: str, ray_local: None) -> None:
     """Max and average pooling of one shape have the same space, and random search with one seed
     proposes the same config indices for both: each candidate must still run its own task's

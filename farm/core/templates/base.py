@@ -107,13 +107,20 @@ def pipeline_buffers(pipeline: int) -> int:
     return 1 if pipeline == 0 else max(2, pipeline)
 
 
-def pipeline_error(pipeline: int, steps: int, target: TargetSpec) -> str | None:
-    """Why `pipeline` cannot pipeline a loop of `steps` on `target`, None if it can."""
+def pipeline_error(pipeline: int, steps: int, target: TargetSpec, implicit_unroll: bool = False) -> str | None:
+    """Why `pipeline` cannot pipeline a loop of `steps` on `target`, None if it can;
+    `implicit_unroll`: the kernel is unrolled by `#pragma unroll` (auto-unrolling without
+    ``unroll_explicit``)."""
     buffers = pipeline_buffers(pipeline)
     if pipeline and steps < buffers:
         return f"{buffers} pipeline buffers need as many outer steps of the reduction, not {steps}"
     if pipeline >= 2 and target.compute_capability < 80:
         return f"asynchronous copies need sm_80 or later, not {target.arch}"
+    if buffers > 2 and implicit_unroll:
+        # The pipeline's epilogue then becomes a `#pragma unroll` loop whose cp.async wait
+        # counts depend on its variable, which TVM 0.27's CUDA codegen rejects (4 of 4 such
+        # candidates failed to build in the H100 check of 2026-11-25).
+        return "3 or more pipeline buffers need explicit unrolling (unroll_explicit=1) or none"
     return None
 
 

@@ -106,14 +106,9 @@ class CudaTiled(Template, name="cuda.tiled", kind="cuda", workloads=tuple(_AXES)
             return f"blockIdx.z extent {grid_z} > {CUDA_MAX_GRID_DIM['z']}"
         if (reason := _vector_error(wl, config)) is not None:
             return reason
-        if (reason := pipeline_error(config["pipeline"], outer // split, target)) is not None:
+        implicit_unroll = bool(config["auto_unroll_max_step"]) and not config["unroll_explicit"]
+        if (reason := pipeline_error(config["pipeline"], outer // split, target, implicit_unroll)) is not None:
             return reason
-        implicit_unroll = config["auto_unroll_max_step"] and not config["unroll_explicit"]
-        if pipeline_buffers(config["pipeline"]) > 2 and implicit_unroll:
-            # The pipeline's epilogue then becomes a `#pragma unroll` loop whose cp.async wait
-            # counts depend on its variable, which TVM 0.27's CUDA codegen rejects (4 of 4 such
-            # candidates failed to build in the H100 check of 2026-11-25).
-            return "3 or more pipeline buffers need explicit unrolling (unroll_explicit=1) or none"
         return shared_memory_error(_shared_bytes(wl, config) * pipeline_buffers(config["pipeline"]), target)
 
     def schedule(self, wl: Workload, target: TargetSpec, config: Config) -> Any:
