@@ -1,6 +1,6 @@
 """Every cuda template, run on this machine's GPU: a random sample of each space against NumPy.
 
-    python bench/check_templates_gpu.py [--trials-per-case 32] [--out DIR]
+    python bench/check_templates_gpu.py [--trials-per-case 32] [--target TARGET] [--case CASE ...] [--out DIR]
 
 The test suite compiles and verifies the cuda templates where no GPU is; this runs them. One
 job on the embedded client (random search, the product's own path: every candidate built, run
@@ -9,6 +9,9 @@ and its output compared with the NumPy reference) over every preset and the shap
 or not, each way of fetching tiles, each unrolling). Prints each case's trial statuses and
 exits 1 if any candidate computed a wrong result (the template is wrong there), 0 otherwise;
 other failures (build errors, invalid configs, runtime errors) are listed once per distinct error.
+The target decides some templates: '{"kind": "cuda", "arch": "sm_90a"}' runs the float16
+matmuls whose sizes are multiples of 64 on Hopper's wgmma (cuda.wgmma) instead of WMMA. --case
+(a preset or "workload key=value ...", repeatable) checks only those cases.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from farm.core.workloads import PRESETS, workload_from_json
 EXTRA_CASES = [
     ("matmul", dict(M=1024, N=1024, K=1024)),
     ("matmul", dict(M=256, N=128, K=64, dtype="float16")),
+    ("matmul", dict(M=512, N=256, K=512, dtype="float16")),  # 8 reduction tiles: wgmma's pipelines on sm_90a
     ("conv2d_nchw", dict(N=2, CI=16, H=8, W=8, CO=32, KH=3, KW=3, pad=1, dtype="float16")),
     ("conv2d_nchw", dict(N=4, CI=32, H=16, W=16, CO=16, KH=3, KW=3, stride=2, pad=1, dtype="float16")),
     ("conv2d_nchw", dict(N=2, CI=32, H=12, W=12, CO=32, KH=1, KW=1, dtype="float16")),
@@ -43,16 +47,23 @@ EXTRA_CASES = [
 ]
 
 
+def _parse_case(case: str) -> str | tuple[str, dict[str, str]]:
+    """A preset's name, or a workload and its parameters from "workload key=value ..."."""
+    name, *params = case.split()
+    return (name, dict(p.split("=", 1) for p in params)) if params else name
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials-per-case", type=int, default=32)
     parser.add_argument("--out", type=Path, default=Path("/tmp/farm-check-templates"))
     parser.add_argument("--target", default="cuda", help="llvm checks this script itself where no GPU is")
+    parser.add_argument("--case", action="append", help='only this case: a preset or "workload key=value ..."')
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     db = args.out / "check.db"
     db.unlink(missing_ok=True)
-    cases = [*PRESETS, *EXTRA_CASES]
+    cases = [*PRESETS, *EXTRA_CASES] if not args.case else [_parse_case(case) for case in args.case]
     start = time.perf_counter()
     with Client(f"sqlite:///{db}", in_process=True) as client:
         job = client.submit(cases, args.target, args.trials_per_case * len(cases), search="random")

@@ -18,9 +18,12 @@
 #               seeds, each timed as a whole, with its per-candidate overhead and timeline
 #   startup     bench/startup_parts.py: a farm tune's start-up steps, each in fresh processes
 #   check       bench/check_templates_gpu.py: every cuda template's random sample run against NumPy
+#               (CHECK_TARGET, default cuda; '{"kind":"cuda","arch":"sm_90a"}' puts fp16 matmuls on wgmma;
+#               CHECK_CASES, ;-separated: only those cases)
 #   kernels     bench/kernels_vs_vendor.py: KERNEL_CASES (;-separated) tuned KERNEL_TRIALS trials,
 #               KERNEL_SEEDS seeds each, best kernels re-timed side by side with PyTorch; one run per
-#               case (OUTDIR/kernels-CASE.json), so a case's figures stand whatever the next one does
+#               case (OUTDIR/kernels-CASE.json), so a case's figures stand whatever the next one does;
+#               KERNEL_TARGET (default cuda) is farm tune's --target for kernels, rekernels and ncu
 #   rekernels   bench/kernels_vs_vendor.py --retime --allow-stale: KERNEL_CASES' exports of an earlier run
 #               in KERNELS_DIR (seeds 0 .. KERNEL_SEEDS-1) rebuilt by the current templates and timed again
 #   ncu         Nsight Compute on NCU_CASE's seed-0 export in KERNELS_DIR and on PyTorch's kernel for it:
@@ -80,26 +83,31 @@ for s in $STEPS; do
                --params N=64 C=64 H=112 W=112 KH=3 KW=3 stride=2 pad=1 kind=max --trials 64 --gpus 1 \
                --seeds "$E2E_SEEDS" --out "$OUT/maxpool" --json "$OUT/maxpool.json" ;;
     startup) step startup 300 python3 bench/startup_parts.py --repeats "${STARTUP_REPEATS:-3}" --json "$OUT/startup.json" ;;
-    check) step check 600 python3 bench/check_templates_gpu.py --trials-per-case "${CHECK_TRIALS:-32}" \
-             --out "$OUT/check" ;;
+    check) checks=()
+           if [ -n "${CHECK_CASES:-}" ]; then
+             IFS=';' read -ra cases <<< "$CHECK_CASES"
+             for case in "${cases[@]}"; do checks+=("--case=$case"); done
+           fi
+           step check 600 python3 bench/check_templates_gpu.py --trials-per-case "${CHECK_TRIALS:-32}" \
+             --target "${CHECK_TARGET:-cuda}" "${checks[@]}" --out "$OUT/check" ;;
     kernels) IFS=';' read -ra cases <<< "$KERNEL_CASES"
              for case in "${cases[@]}"; do
                name=$(case_name "$case")
                step "kernels-$name" 3000 python3 bench/kernels_vs_vendor.py --case="$case" --trials "$KERNEL_TRIALS" \
-                 --seeds "$KERNEL_SEEDS" --out "$OUT/kernels" --json "$OUT/kernels-$name.json"
+                 --seeds "$KERNEL_SEEDS" --target "${KERNEL_TARGET:-cuda}" --out "$OUT/kernels" --json "$OUT/kernels-$name.json"
              done ;;
     rekernels) IFS=';' read -ra cases <<< "$KERNEL_CASES"
              for case in "${cases[@]}"; do
                name=$(case_name "$case")
                step "rekernels-$name" 600 python3 bench/kernels_vs_vendor.py --case="$case" --seeds "$KERNEL_SEEDS" \
-                 --retime --allow-stale --out "${KERNELS_DIR:?}" --json "$OUT/rekernels-$name.json"
+                 --target "${KERNEL_TARGET:-cuda}" --retime --allow-stale --out "${KERNELS_DIR:?}" --json "$OUT/rekernels-$name.json"
              done ;;
     ncu) name=$(case_name "${NCU_CASE:?}")
          # --clock-control none: the clocks as the timed runs see them (the device tool's METHOD.md).
          step "ncu-$name" 600 ncu --clock-control none --launch-count "${NCU_LAUNCHES:-6}" --section SpeedOfLight \
            --section Occupancy --section LaunchStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
            --section WarpStateStats --section SchedulerStats python3 bench/kernels_vs_vendor.py --case="$NCU_CASE" \
-           --seeds 1 --retime --allow-stale --out "${KERNELS_DIR:?}" ;;
+           --seeds 1 --target "${KERNEL_TARGET:-cuda}" --retime --allow-stale --out "${KERNELS_DIR:?}" ;;
     *) echo "unknown step $s" >&2 ;;
   esac
 done

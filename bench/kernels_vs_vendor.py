@@ -1,9 +1,10 @@
 """The farm's tuned kernels against PyTorch's (cuDNN / cuBLAS) on this GPU, medians over seeds.
 
     python bench/kernels_vs_vendor.py --case resnet-last-conv --case "matmul M=1024 N=1024 K=1024" \
-        [--trials 512] [--seeds 3] [--out DIR] [--json FILE] [--retime]
+        [--trials 512] [--seeds 3] [--target TARGET] [--out DIR] [--json FILE] [--retime]
 
-For each case and seed, `farm tune CASE --target cuda --trials N --seed S` runs as a user runs it
+For each case and seed, `farm tune CASE --target TARGET --trials N --seed S` (TARGET: cuda, i.e.
+sm_90, unless given, e.g. '{"kind": "cuda", "arch": "sm_90a"}' for Hopper's wgmma) runs as a user runs it
 (a process of its own on the embedded defaults, timed whole), exporting its best config. Then,
 in one process, each seed's best kernel is rebuilt from its export (`farm.build`), checked
 against PyTorch's output, and timed side by side with PyTorch by one method: `LAUNCHES` back-to-
@@ -80,7 +81,7 @@ def time_side_by_side(fns: dict[str, Callable[[], Any]]) -> dict[str, dict[str, 
     return out
 
 
-def tvm_default_build(wl: Workload, export: Path) -> Any:
+def tvm_default_build(wl: Workload, target: str, export: Path) -> Any:
     """The export's kernel as TVM compiles it by default (NVRTC, fast math), not as the farm
     measured it (`farm.build`'s nvcc): the comparison behind `workers.builder.compile_module`."""
     import tvm
@@ -88,14 +89,16 @@ def tvm_default_build(wl: Workload, export: Path) -> Any:
     from farm.apply import best_config
     from farm.core.targets import parse_target
     from farm.core.task import Task
+    from farm.core.templates.base import tir_pipeline
 
-    task = Task(wl, parse_target("cuda"))
+    task = Task(wl, parse_target(target))
     config = best_config(task, export)
     assert config is not None, f"{export} holds no config for {wl}"
-    return tvm.compile(task.schedule(config).mod, target=task.target.tvm())
+    mod = task.schedule(config).mod
+    return tvm.compile(mod, target=task.target.tvm(), tir_pipeline=tir_pipeline(mod))
 
 
-def retime_case(wl: Workload, exports: dict[str, Path], tvm_compile: bool = False,
+def retime_case(wl: Workload, target: str, exports: dict[str, Path], tvm_compile: bool = False,
                 allow_stale: bool = False) -> dict[str, Any]:
     """PyTorch and each export's best kernel for `wl`: checked against PyTorch's output, timed.
     With `tvm_compile`, each kernel also as TVM's default compile makes it (label + "-tvm"); with
@@ -108,10 +111,11 @@ def retime_case(wl: Workload, exports: dict[str, Path], tvm_compile: bool = Fals
     inputs = [torch.from_numpy(x).to("cuda") for x in wl.random_inputs(0)]  # torch_op's inputs
     fns: dict[str, Callable[[], Any]] = {"pytorch": torch_op(wl)}
     errors: dict[str, float] = {}
-    builds = {label: (lambda e=export: build(wl, "cuda", e, allow_stale=allow_stale))
+    builds = {label: (lambda e=export: build(wl, target, e, allow_stale=allow_stale))
               for label, export in exports.items()}
     if tvm_compile:
-        builds |= {f"{label}-tvm": (lambda e=export: tvm_default_build(wl, e)) for label, export in exports.items()}
+        builds |= {f"{label}-tvm": (lambda e=export: tvm_default_build(wl, target, e))
+                   for label, export in exports.items()}
     for label, make in builds.items():
         out = torch.full(wl.output_shape(), float("nan"), dtype=getattr(torch, wl.dtype), device="cuda")
         call = tvm_call(make(), [*inputs, out])
@@ -144,6 +148,7 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=512)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--search", default="xgb")
+    parser.add_argument("--target", default="cuda", help="farm tune's --target (default: cuda, i.e. sm_90)")
     parser.add_argument("--out", type=Path, default=Path("/tmp/farm-kernels"))
     parser.add_argument("--json", type=Path)
     parser.add_argument("--retime", action="store_true", help="only time the exports of an earlier run in --out")
@@ -163,7 +168,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     figures: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                                "cudnn": torch.backends.cudnn.version(), "trials": args.trials,
-                               "search": args.search, "command": " ".join(sys.argv), "cases": {}}
+                               "search": args.search, "target": args.target, "command": " ".join(sys.argv), "cases": {}}
     # Every case tuned first, then every case timed: a timing problem loses no tuning (--retime).
     runs: dict[str, dict[str, dict[str, Any]]] = {}
     for case, (name, params, wl) in zip(args.case, cases, strict=True):
@@ -174,15 +179,15 @@ def main() -> None:
             if args.retime:
                 continue
             print(f"{wl}: farm tune, {args.trials} trials, seed {seed}", flush=True)
-            wall, db = farm_tune(name, params, "cuda", args.trials, args.search, seed, args.out, label)
+            wall, db = farm_tune(name, params, args.target, args.trials, args.search, seed, args.out, label)
             curve, statuses = farm_curve(db)
             runs[case][label] = {"wall_s": wall, "statuses": statuses, "best_measured_us": float(np.nanmin(curve))}
             print(f"  {wall:.0f} s, best measured {runs[case][label]['best_measured_us']:.2f} µs, {statuses}",
                   flush=True)
     for case, (_, _, wl) in zip(args.case, cases, strict=True):
         seeds = runs[case]
-        timing = retime_case(wl, {label: args.out / f"{label}-best.json" for label in seeds}, args.tvm_compile,
-                             args.allow_stale)
+        exports = {label: args.out / f"{label}-best.json" for label in seeds}
+        timing = retime_case(wl, args.target, exports, args.tvm_compile, args.allow_stale)
         farm_us = [timing[label]["median_us"] for label in seeds]
         row = {"workload": wl.to_json(), "pytorch": timing["pytorch"], "copy": timing.get("copy"),
                "seeds": {label: {**seeds[label], **timing[label]} for label in seeds},

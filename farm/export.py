@@ -216,12 +216,21 @@ def write_metaschedule(records: list[dict[str, Any]], folder: str | Path) -> Pat
 
     Each record becomes a workload (the kernel's unscheduled PrimFunc) and a tuning record
     whose trace is the template's schedule for the config, with the measured latencies.
+    FarmError, before anything is written, for a record whose kernel is not a schedule of its
+    workload (a kernel written in TIRx, such as cuda.wgmma's): MetaSchedule could not replay it.
     """
     from tvm.s_tir import meta_schedule as ms
 
     from farm.core.targets import parse_target
-    from farm.core.templates.base import new_schedule
+    from farm.core.templates.base import new_schedule, tir_pipeline
     from farm.core.workloads import workload_from_json
+
+    for rec in records:
+        task = Task(workload_from_json(rec["workload"]), parse_target(rec["target"]))
+        if tir_pipeline(task.schedule(task.space.from_json(rec["config"])).mod) != "default":
+            raise FarmError(f"{task.template.name} kernels are written in TIRx, not scheduled, so MetaSchedule "
+                            f"cannot replay them: export {task.workload} with --format farm (the default) and build "
+                            "it with `farm build`")
 
     out = Path(folder)
     files = [out / "database_workload.json", out / "database_tuning_record.json"]

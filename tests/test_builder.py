@@ -86,8 +86,8 @@ def _compile_as_a_gpu_node(monkeypatch: pytest.MonkeyPatch, source_of: Any = Non
 
     real = tvm.compile
 
-    def compile_like_a_gpu_node(mod: Any, target: Any) -> Any:
-        lib = real(mod, target=target)
+    def compile_like_a_gpu_node(mod: Any, target: Any, tir_pipeline: str = "default") -> Any:
+        lib = real(mod, target=target, tir_pipeline=tir_pipeline)
         source = builder._cuda_source(lib)
         code = tvm_ffi.get_global_func("tvm_callback_cuda_compile")(source_of(source) if source_of else source, target)
         assert bytes(code)[:4] == b"\x7fELF"  # a cubin, which TVM's module then holds

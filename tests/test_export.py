@@ -89,6 +89,20 @@ def test_metaschedule_database_builds_the_same_kernel(tuned: Path, tmp_path: Pat
         write_metaschedule([rec], folder)
 
 
+def test_metaschedule_database_refuses_a_kernel_written_in_tirx(tmp_path: Path) -> None:
+    """cuda.wgmma's kernels are TIRx, not a schedule of the workload: no trace could replay them,
+    so the database is refused, in one error that says what to do, and nothing is written."""
+    task = Task(make_workload("matmul", dict(M=256, N=256, K=256, dtype="float16")),
+                parse_target({"kind": "cuda", "arch": "sm_90a"}))
+    assert task.template.name == "cuda.wgmma"
+    config = dict(warpgroups=1, slices=1, block_n=64, stages=2, raster=1)
+    rec = {"workload": task.workload.to_json(), "target": task.target.to_json(), "config": config,
+           "latency_us": 10.0}
+    with pytest.raises(FarmError, match=r"written in TIRx.*--format farm.*farm build"):
+        write_metaschedule([rec], tmp_path / "msdb")
+    assert not (tmp_path / "msdb").exists()
+
+
 @pytest.mark.slow
 def test_merge_keeps_the_fastest_per_workload_target_device(tuned: Path) -> None:
     doc = load(tuned)

@@ -7,8 +7,11 @@ Runs without a GPU: cuda targets are compiled to CUDA source and verified, not r
 
 from __future__ import annotations
 
+import json
 import random
 import re
+import shutil
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -17,16 +20,20 @@ import tvm
 
 from farm.core.space import Config
 from farm.core.targets import TargetSpec, parse_target
+from farm.core.task import Task
 from farm.core.templates import TEMPLATES, Template, get_template
-from farm.core.templates.base import new_schedule
+from farm.core.templates.base import new_schedule, tir_pipeline
 from farm.core.templates.verify import verify_gpu
 from farm.core.workloads import PRESETS, Workload, make_workload
 
 LLVM = parse_target("llvm")
 CUDA = parse_target("cuda")
+HOPPER = parse_target({"kind": "cuda", "arch": "sm_90a"})  # sm_90's arch-specific variant: wgmma
 # A small GPU, so that every cuda template has configs with too many threads for it, and every
-# one that stages data in shared memory, configs with too much.
-SMALL_GPU = parse_target({"kind": "cuda", "max_threads_per_block": 128, "max_shared_memory_per_block": 2048})
+# one that stages data in shared memory, configs with too much (a Hopper's arch, so that every
+# cuda template applies to it).
+SMALL_GPU = parse_target({"kind": "cuda", "arch": "sm_90a", "max_threads_per_block": 128,
+                          "max_shared_memory_per_block": 2048})
 
 LLVM_CASES = {
     "conv2d": ("conv2d_nchw", dict(N=1, CI=8, H=10, W=10, CO=16, KH=3, KW=3, pad=1)),
@@ -57,6 +64,8 @@ CUDA_CASES = {
         "depthwise_conv2d_nchw", dict(N=2, C=8, H=15, W=17, KH=3, KW=3, stride=2, pad=1, dtype="float16")
     ),
     "matmul-fp16-tensorcore": ("matmul", dict(M=256, N=128, K=64, dtype="float16")),
+    # The same workload on sm_90a: Hopper's wgmma, eight tiles of the reduction for its pipeline.
+    "matmul-fp16-wgmma": ("matmul", dict(M=512, N=256, K=512, dtype="float16"), HOPPER),
     "conv2d-fp16-tensorcore": ("conv2d_nchw", dict(N=2, CI=16, H=8, W=8, CO=32, KH=3, KW=3, pad=1, dtype="float16")),
     "conv2d-fp16-tensorcore-stride2": (
         "conv2d_nchw", dict(N=4, CI=32, H=16, W=16, CO=16, KH=3, KW=3, stride=2, pad=1, dtype="float16")
@@ -70,8 +79,14 @@ CUDA_CASES = {
 }
 
 
-def _workload(case: tuple[str, dict[str, Any]]) -> Workload:
-    return make_workload(*case)
+def _workload(case: tuple[Any, ...]) -> Workload:
+    """A case's workload: (name, params) or (name, params, target)."""
+    return make_workload(case[0], case[1])
+
+
+def _target(case: tuple[Any, ...]) -> TargetSpec:
+    """A case's target: its third element, else the default cuda target."""
+    return case[2] if len(case) > 2 else CUDA
 
 
 def valid_configs(template: Template, wl: Workload, target: TargetSpec, count: int) -> list[Config]:
@@ -98,7 +113,7 @@ def rejected_config(template: Template, wl: Workload, target: TargetSpec, reason
         config = space.get(rng.randrange(space.size))
         why = template.check(wl, target, config)
         if why is not None and reason in why:
-            plain = {"auto_unroll_max_step": 0, **({"split_k": 1} if "split_k" in config.to_json() else {})}
+            plain = {k: v for k, v in {"auto_unroll_max_step": 0, "split_k": 1}.items() if k in config.to_json()}
             return space.from_json({**config.to_json(), **plain})
     raise AssertionError(f"no config of {template.name} for {wl} is rejected for {reason!r}")
 
@@ -125,14 +140,15 @@ def test_llvm_template_computes_the_reference(case: tuple[str, dict[str, Any]]) 
 
 
 @pytest.mark.parametrize("case", CUDA_CASES.values(), ids=CUDA_CASES.keys())
-def test_cuda_template_compiles_and_passes_gpu_verification(case: tuple[str, dict[str, Any]]) -> None:
-    wl = _workload(case)
-    template = get_template(wl, "cuda")
-    for config in valid_configs(template, wl, CUDA, count=10):
-        mod = template.schedule(wl, CUDA, config).mod
-        reason = verify_gpu(mod, CUDA)
+def test_cuda_template_compiles_and_passes_gpu_verification(case: tuple[Any, ...]) -> None:
+    wl, target = _workload(case), _target(case)
+    template = get_template(wl, target)
+    for config in valid_configs(template, wl, target, count=10):
+        mod = template.schedule(wl, target, config).mod
+        reason = verify_gpu(mod, target)
         assert reason is None, f"{wl} {config.dumps()}: {reason}"
-        source = tvm.compile(mod, target=CUDA.tvm()).mod.imports[0].inspect_source("")
+        lib = tvm.compile(mod, target=target.tvm(), tir_pipeline=tir_pipeline(mod))
+        source = lib.mod.imports[0].inspect_source("")
         assert "__global__" in source, f"{wl} {config.dumps()}: no CUDA kernel in the compiled module"
 
 
@@ -140,7 +156,7 @@ def _cuda_templates() -> list[tuple[Template, Workload]]:
     """Each cuda template with the first case it schedules."""
     out = []
     for template in (t for t in TEMPLATES if t.kind == "cuda"):
-        wl = next(w for w in map(_workload, CUDA_CASES.values()) if get_template(w, "cuda") is template)
+        wl = next(_workload(c) for c in CUDA_CASES.values() if get_template(_workload(c), _target(c)) is template)
         out.append((template, wl))
     return out
 
@@ -261,6 +277,13 @@ def test_every_workload_has_a_template_per_kind() -> None:
     assert get_template(make_workload("spio-grouped"), "cuda").name == "cuda.tiled"
     assert get_template(make_workload("matmul", dict(M=64, N=32, K=24, dtype="float16")), "cuda").name \
         == "cuda.tiled"
+    # Hopper's wgmma where the target is sm_90a and every size is a multiple of 64; WMMA otherwise.
+    hopper = make_workload("matmul", dict(M=128, N=64, K=64, dtype="float16"))
+    assert get_template(hopper, HOPPER).name == "cuda.wgmma"
+    assert get_template(hopper, CUDA).name == "cuda.tensorcore"
+    assert get_template(make_workload("matmul", dict(M=128, N=32, K=64, dtype="float16")), HOPPER).name \
+        == "cuda.tensorcore"
+    assert get_template(make_workload("matmul", dict(M=128, N=64, K=64)), HOPPER).name == "cuda.tiled"
 
 
 def test_blog_v4_depthwise_schedule_is_a_point_of_the_space() -> None:
@@ -507,3 +530,30 @@ def test_cuda_tensorcore_refuses_what_could_not_run() -> None:
     assert template.check(conv, CUDA, conv_space.from_json(conv_good)) is None
     assert "8-lane vectors of a conv2d's im2col gather" in (
         template.check(conv, CUDA, conv_space.from_json({**conv_good, "vector": 8})) or "")
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (CUDA's compiler) on this machine")
+@pytest.mark.parametrize(("warpgroups", "slices", "block_n"), [(1, 1, 64), (2, 1, 256), (1, 2, 128), (2, 2, 64)])
+def test_cuda_wgmma_kernel_builds_as_the_farm_builds_it(tmp_path: Path, warpgroups: int, slices: int,
+                                                         block_n: int) -> None:
+    """A 4096^3 float16 matmul on Hopper's wgmma, built as every candidate is (workers.builder:
+    TVM's tirx pipeline, then nvcc -arch=sm_90a): it compiles, its accumulators stay in registers
+    (no spills, no local memory: every index into them is a constant), and the kernel issues
+    ``wgmma.mma_async`` of the config's N on tiles that TMA loads, with the block's threads."""
+    from workers import builder
+
+    wl = make_workload("matmul", dict(M=4096, N=4096, K=4096, dtype="float16"))
+    task = Task(wl, HOPPER)
+    assert task.template.name == "cuda.wgmma"
+    config = task.space.from_json(dict(warpgroups=warpgroups, slices=slices, block_n=block_n, stages=3, raster=8))
+    assert task.check(config) is None and tir_pipeline(task.schedule(config).mod) == "tirx"
+    result = builder.build_one(json.dumps(task.to_json()), config.index, str(tmp_path))
+    assert result.ok, result.error
+    assert result.info["spill_bytes"] == 0 and result.info["threads"] == 128 * warpgroups
+    assert 0 < result.info["registers"] <= 255
+    lib = tvm.compile(task.schedule(config).mod, target=HOPPER.tvm(), tir_pipeline="tirx")
+    source = lib.mod.imports[0].inspect_source("")
+    assert f"wgmma.mma_async.sync.aligned.m64n{block_n}k16.f32.f16.f16" in source
+    assert "cp.async.bulk.tensor.2d" in source
+    ptxas = builder._nvcc(source, HOPPER.arch, tmp_path / "again").stderr
+    assert "0 bytes stack frame" in ptxas, ptxas

@@ -48,6 +48,7 @@ from farm.core.errors import one_line
 from farm.core.measure import Status
 from farm.core.targets import TargetSpec
 from farm.core.task import Task
+from farm.core.templates.base import tir_pipeline
 from farm.core.tvm_import import import_tvm
 
 log = logging.getLogger("farm.builder")
@@ -138,7 +139,7 @@ def compile_module(mod: Any, target: TargetSpec) -> Any:
     import tvm
 
     with tempfile.TemporaryDirectory(prefix="farm-build-") as tmp, _DeviceCode.into(Path(tmp) / "kernel", target):
-        lib = tvm.compile(mod, target=target.tvm())
+        lib = tvm.compile(mod, target=target.tvm(), tir_pipeline=tir_pipeline(mod))
         by_nvcc = _DeviceCode.done is not None
     if target.is_gpu and not by_nvcc:
         why = "nvcc was not found" if shutil.which("nvcc") is None else "TVM's CUDA runtime is not loaded here (no GPU)"
@@ -156,7 +157,7 @@ def compile_into(mod: Any, target: TargetSpec, stem: Path, result: BuildResult) 
 
     with _DeviceCode.into(stem, target):
         try:
-            lib = tvm.compile(mod, target=target.tvm())
+            lib = tvm.compile(mod, target=target.tvm(), tir_pipeline=tir_pipeline(mod))
         except Exception:
             done = _DeviceCode.done
             if done is not None and done.returncode != 0:  # nvcc refused TVM's source: the candidate's error

@@ -22,7 +22,7 @@ class Task:
 
     @cached_property
     def template(self) -> Template:
-        return get_template(self.workload, self.target.kind)
+        return get_template(self.workload, self.target)
 
     @cached_property
     def space(self) -> ConfigSpace:

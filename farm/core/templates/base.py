@@ -3,6 +3,8 @@
 A template is a pure function of (workload, target, config): `space` lists the knobs,
 `check` rejects configs that cannot run (too many threads, too much shared memory, too many
 vthreads) without compiling anything, and `schedule` returns the scheduled `s_tir.Schedule`.
+Its module is compiled by TVM's default TIR pipeline unless it names another
+(`TIR_PIPELINE_ATTR`: a kernel written in TIRx script is lowered by ``tirx``).
 Its `version` is a hash of the template's source, so a config tuned against an older template
 is never applied silently to a changed one.
 """
@@ -42,8 +44,9 @@ class Template(ABC):
         super().__init_subclass__(**kwargs)
         cls.name, cls.kind, cls.workloads = name, kind, tuple(workloads)
 
-    def applies(self, wl: Workload) -> bool:
-        """Whether this template can schedule `wl` (one of its `workloads`), e.g. its dtype and shape."""
+    def applies(self, wl: Workload, target: TargetSpec) -> bool:
+        """Whether this template can schedule `wl` (one of its `workloads`) for `target`, e.g. its
+        dtype and shape, or the target's arch."""
         return True
 
     @abstractmethod
@@ -64,6 +67,17 @@ class Template(ABC):
         text = inspect.getsource(sys.modules[type(self).__module__])
         text += inspect.getsource(sys.modules[__name__])
         return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+# The IRModule attribute naming the TIR pipeline (`tvm.compile`'s ``tir_pipeline``) that lowers a
+# scheduled module; without it, TVM's default.
+TIR_PIPELINE_ATTR = "farm.tir_pipeline"
+
+
+def tir_pipeline(mod: Any) -> str:
+    """The TIR pipeline that lowers the scheduled module `mod` (`TIR_PIPELINE_ATTR`)."""
+    attrs = mod.attrs
+    return str(attrs[TIR_PIPELINE_ATTR]) if attrs is not None and TIR_PIPELINE_ATTR in attrs else "default"
 
 
 def new_schedule(wl: Workload) -> Any:

@@ -94,7 +94,7 @@ def gemm_extents(wl: Workload) -> tuple[int, int, int]:
 
 class CudaTensorCore(Template, name="cuda.tensorcore", kind="cuda",
                      workloads=("matmul", "conv2d_nchw", "group_conv2d_nchw")):
-    def applies(self, wl: Workload) -> bool:
+    def applies(self, wl: Workload, target: TargetSpec) -> bool:
         return wl.dtype == "float16" and all(extent % FRAGMENT == 0 for extent in gemm_extents(wl))
 
     def space(self, wl: Workload, target: TargetSpec) -> ConfigSpace:

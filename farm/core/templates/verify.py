@@ -13,18 +13,21 @@ from __future__ import annotations
 from typing import Any
 
 from farm.core.targets import TargetSpec
-from farm.core.templates.base import CUDA_MAX_BLOCK_DIM, CUDA_MAX_GRID_DIM, shared_memory_error
+from farm.core.templates.base import CUDA_MAX_BLOCK_DIM, CUDA_MAX_GRID_DIM, shared_memory_error, tir_pipeline
 
 
 def lower(mod: Any, target: TargetSpec) -> Any:
-    """`mod` after `tvm.compile`'s TIR pipeline for `target`: host and device functions split,
-    each with its `target` attribute (the steps of `tvm.tirx.build` before code generation)."""
+    """`mod` after the TIR pipeline `tvm.compile` runs on it for `target` (its own, where it names
+    one: base.tir_pipeline): host and device functions split, each with its `target` attribute
+    (the steps of `tvm.tirx.build` before code generation)."""
     import tvm
 
     tvm_target = target.tvm()
     host = tvm.target.Target("llvm")
     mod = tvm.tirx.transform.BindTarget(tvm_target.with_host(host))(mod)
-    pipeline, _, _ = tvm.tirx.get_default_tir_pipeline(tvm_target)
+    name = tir_pipeline(mod)
+    factory = tvm.tirx.get_default_tir_pipeline(tvm_target) if name == "default" else tvm.tirx.get_tir_pipeline(name)
+    pipeline, _, _ = factory
     return pipeline(mod)
 
 
@@ -65,7 +68,8 @@ def verify_gpu(mod: Any, target: TargetSpec) -> str | None:
         static, dynamic = int(allocated.get("shared", 0)), int(allocated.get("shared.dyn", 0))
         if (reason := shared_memory_error(static, target, dynamic)) is not None:
             return f"kernel {gvar.name_hint}: {reason}"
-    return _grid_violation(mod)
+    # A kernel written in TIRx has no loops bound to blockIdx to inspect: its template checks the grid.
+    return _grid_violation(mod) if tir_pipeline(mod) == "default" else None
 
 
 def _violation(func: Any, limits: dict[str, int]) -> str:
