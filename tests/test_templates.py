@@ -533,23 +533,26 @@ def test_cuda_tensorcore_refuses_what_could_not_run() -> None:
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (CUDA's compiler) on this machine")
-@pytest.mark.parametrize(("warpgroups", "slices", "block_n"), [(1, 1, 64), (2, 1, 256), (1, 2, 128), (2, 2, 64)])
+@pytest.mark.parametrize(("warpgroups", "slices", "block_n", "producer"),
+                         [(1, 1, 64, 0), (2, 1, 256, 0), (1, 2, 128, 1), (2, 1, 256, 1), (2, 2, 64, 1)])
 def test_cuda_wgmma_kernel_builds_as_the_farm_builds_it(tmp_path: Path, warpgroups: int, slices: int,
-                                                         block_n: int) -> None:
+                                                         block_n: int, producer: int) -> None:
     """A 4096^3 float16 matmul on Hopper's wgmma, built as every candidate is (workers.builder:
     TVM's tirx pipeline, then nvcc -arch=sm_90a): it compiles, its accumulators stay in registers
     (no spills, no local memory: every index into them is a constant), and the kernel issues
-    ``wgmma.mma_async`` of the config's N on tiles that TMA loads, with the block's threads."""
+    ``wgmma.mma_async`` of the config's N on tiles that TMA loads, with the block's threads (one more
+    warpgroup with a producer)."""
     from workers import builder
 
     wl = make_workload("matmul", dict(M=4096, N=4096, K=4096, dtype="float16"))
     task = Task(wl, HOPPER)
     assert task.template.name == "cuda.wgmma"
-    config = task.space.from_json(dict(warpgroups=warpgroups, slices=slices, block_n=block_n, stages=3, raster=8))
+    config = task.space.from_json(dict(warpgroups=warpgroups, slices=slices, block_n=block_n, stages=3, raster=8,
+                                       producer=producer))
     assert task.check(config) is None and tir_pipeline(task.schedule(config).mod) == "tirx"
     result = builder.build_one(json.dumps(task.to_json()), config.index, str(tmp_path))
     assert result.ok, result.error
-    assert result.info["spill_bytes"] == 0 and result.info["threads"] == 128 * warpgroups
+    assert result.info["spill_bytes"] == 0 and result.info["threads"] == 128 * (warpgroups + producer)
     assert 0 < result.info["registers"] <= 255
     lib = tvm.compile(task.schedule(config).mod, target=HOPPER.tvm(), tir_pipeline="tirx")
     source = lib.mod.imports[0].inspect_source("")

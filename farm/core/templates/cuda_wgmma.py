@@ -14,13 +14,17 @@ Hopper GEMMs without warp specialisation:
   memory through descriptors, the accumulators (block_n / 2 floats per thread and slice) in
   registers;
 - the reduction goes in tiles of K = 64 halves (one 128-byte row of A), `stages` tiles deep:
-  thread 0 loads each tile with TMA (``cp.async.bulk.tensor``; one box of A, one per 64-column
+  one thread loads each tile with TMA (``cp.async.bulk.tensor``; one box of A, one per 64-column
   atom of B), 128-byte swizzled, so the tiles land in exactly the canonical layouts the
-  descriptors name (A K-major; B N-major, read transposed), and arrives on the stage's mbarrier
-  with the bytes to expect. Every thread waits on that barrier (parity = use count mod 2), runs
-  the tile's wgmmas, commits them and waits for the previous tile's group, so one group stays
-  in flight; after a block barrier (every warpgroup is done with the previous tile) thread 0
-  reloads that tile's stage with the tile `stages` ahead;
+  descriptors name (A K-major; B N-major, read transposed), and arrives on the stage's "full"
+  mbarrier with the bytes to expect. Every consumer thread waits on that barrier (parity = use
+  count mod 2), runs the tile's wgmmas, commits them and waits for the previous tile's group,
+  so one group stays in flight;
+- the previous tile's stage is then refilled with the tile `stages` ahead, as `producer` says:
+  0, thread 0 (a consumer too) does it after a block barrier (every warpgroup is done with that
+  tile); 1, a warpgroup of its own (CUTLASS's warp-specialised kernels) waits for the stage's
+  "empty" mbarrier, on which every consumer thread arrives once done with it, and no block
+  barrier stalls the consumers;
 - the tensor maps are encoded on the host at each call (``runtime.cuTensorMapEncodeTiled``, a
   few microseconds of CPU that overlap the previous launch in timed runs);
 - the block order is grouped by `raster` block rows (neighbouring blocks share A and B tiles in
@@ -53,7 +57,7 @@ RASTER = (1, 4, 8, 16)
 # 128-byte swizzle, in the encodings of CUtensorMapSwizzle and of TVM's descriptor helper.
 SWIZZLE_128B = 3
 L2_PROMOTION_128B = 2  # CU_TENSOR_MAP_L2_PROMOTION_L2_128B
-BARRIER_BYTES = 8  # one mbarrier per stage
+BARRIER_BYTES = 8  # an mbarrier
 
 
 class CudaWgmma(Template, name="cuda.wgmma", kind="cuda", workloads=("matmul",)):
@@ -68,12 +72,13 @@ class CudaWgmma(Template, name="cuda.wgmma", kind="cuda", workloads=("matmul",))
             ChoiceKnob("block_n", list(BLOCK_N)),
             ChoiceKnob("stages", list(STAGES)),
             ChoiceKnob("raster", list(RASTER)),
+            ChoiceKnob("producer", [0, 1]),  # a warpgroup of its own loads the tiles (1)
         ])
 
     def check(self, wl: Workload, target: TargetSpec, config: Config) -> str | None:
         if target.arch != ARCH:
             return f"wgmma needs {ARCH}, not {target.arch}"
-        threads = WARPGROUP * config["warpgroups"]
+        threads = WARPGROUP * (config["warpgroups"] + config["producer"])
         if threads > target.limit("max_threads_per_block"):
             return f"{threads} threads per block > {target.limit('max_threads_per_block')}"
         rows, cols = _block_tile(config)
@@ -86,7 +91,7 @@ class CudaWgmma(Template, name="cuda.wgmma", kind="cuda", workloads=("matmul",))
             return f"{accumulators} accumulators per thread > {MAX_ACCUMULATORS}"
         if config["stages"] > k // TILE_K:
             return f"{config['stages']} stages > the reduction's {k // TILE_K} tiles of {TILE_K}"
-        return shared_memory_error(config["stages"] * BARRIER_BYTES, target, _tile_bytes(config))
+        return shared_memory_error(2 * config["stages"] * BARRIER_BYTES, target, _tile_bytes(config))
 
     def schedule(self, wl: Workload, target: TargetSpec, config: Config) -> Any:
         """The kernel wrapped as a schedule (nothing left to schedule: the TIRx is the kernel)."""
@@ -112,9 +117,10 @@ def _kernel(M: int, N: int, K: int, config: Config) -> Any:
     """The TIRx PrimFunc of C[M, N] = A[M, K] @ B[K, N] (float16, float32 sums) for `config`."""
     from tvm.script import tirx as T
 
-    warpgroups, slices, stages = config["warpgroups"], config["slices"], config["stages"]
+    warpgroups, slices, stages, producer = config["warpgroups"], config["slices"], config["stages"], config["producer"]
     bm, bn = _block_tile(config)
-    threads = WARPGROUP * warpgroups
+    consumers = WARPGROUP * warpgroups
+    threads = consumers + WARPGROUP * producer
     acc_n = bn // 2  # accumulators per thread and slice
     atoms = bn // ATOM_N
     tiles = K // TILE_K
@@ -134,7 +140,8 @@ def _kernel(M: int, N: int, K: int, config: Config) -> Any:
     # fmt: off
     @T.macro
     def load(smem, bars, a_map, b_map, block_m, block_n, tile, stage):
-        # (thread 0) tile `tile` of A and B into `stage`, arriving on its barrier with the bytes to expect
+        # (one thread) tile `tile` of A and B into `stage`, arriving on its full barrier with the
+        # bytes to expect
         T.ptx.mbarrier.arrive.expect_tx.shared.b64(T.address_of(bars[stage]), T.uint32(tile_bytes))
         T.ptx[tma](T.address_of(smem[stage * a_tile]), T.address_of(a_map), tile * TILE_K, block_m * bm,
                    T.address_of(bars[stage]))
@@ -142,6 +149,49 @@ def _kernel(M: int, N: int, K: int, config: Config) -> Any:
             T.ptx[tma](T.address_of(smem[b_base + stage * b_tile + atom * TILE_K * ATOM_N]),
                        T.address_of(b_map), block_n * bn + atom * ATOM_N, tile * TILE_K,
                        T.address_of(bars[stage]))
+
+    @T.macro
+    def consume(smem, bars, a_map, b_map, acc, desc, C, block_m, block_n, tx, warpgroup):
+        # (every consumer thread) the reduction, tile by tile as the full barriers complete, then
+        # the write-out
+        for i in T.unroll(slices * acc_n):
+            acc[i] = T.float32(0)
+        for tile in T.serial(tiles):
+            stage = T.meta_var(tile % stages)
+            T.cuda.mbarrier_wait(T.address_of(bars[stage]), tile // stages % 2)
+            T.ptx.wgmma.fence.sync.aligned()
+            for step in T.unroll(TILE_K // STEP_K):
+                T.cuda.wgmma.encode_matrix_descriptor(
+                    T.address_of(desc[1]), T.address_of(smem[b_base + stage * b_tile + step * STEP_K * ATOM_N]),
+                    b_lead, b_stride, SWIZZLE_128B)
+                for s in T.unroll(slices):
+                    T.cuda.wgmma.encode_matrix_descriptor(
+                        T.address_of(desc[0]),
+                        T.address_of(smem[stage * a_tile + (warpgroup * slices + s) * SLICE * TILE_K + step * STEP_K]),
+                        a_lead, a_stride, SWIZZLE_128B)
+                    # D += A * B; scale A and B by 1; A K-major (0), B N-major, transposed (1).
+                    T.ptx[wgmma](*[acc[s * acc_n + r] for r in range(acc_n)], desc[0], desc[1], T.bool(True),
+                                 1, 1, 0, 1)
+            T.ptx.wgmma.commit_group.sync.aligned()
+            T.ptx.wgmma.wait_group.sync.aligned(1)  # this warpgroup is done with the previous tile
+            if producer == 1:
+                if tile >= 1:  # tell the producer (the empty barrier counts every consumer thread)
+                    T.ptx.mbarrier.arrive.shared.b64(T.address_of(bars[stages + (tile - 1) % stages]))
+            else:
+                T.cuda.cta_sync()  # ... and so is every warpgroup: thread 0 reloads its stage
+                if tx == 0 and tile >= 1 and tile - 1 + stages < tiles:
+                    load(smem, bars, a_map, b_map, block_m, block_n, tile - 1 + stages, (tile - 1) % stages)
+        T.ptx.wgmma.wait_group.sync.aligned(0)
+        # The m64nNk16 accumulator layout: warp w of a warpgroup holds rows 16w + lane / 4 (+ 8),
+        # columns 8j + 2 (lane % 4) (+ 1), as registers 4j + (0, 1) and (2, 3).
+        for s in T.unroll(slices):
+            for j in T.unroll(bn // 8):
+                for half in T.unroll(2):
+                    for c in T.vectorized(2):
+                        C[block_m * bm + (warpgroup * slices + s) * SLICE + tx % WARPGROUP // 32 * 16
+                          + tx % 32 // 4 + half * 8,
+                          block_n * bn + j * 8 + tx % 4 * 2 + c] = T.Cast(
+                            "float16", acc[s * acc_n + j * 4 + half * 2 + c])
 
     @T.prim_func
     def main(a_handle: T.handle, b_handle: T.handle, c_handle: T.handle) -> None:
@@ -162,7 +212,9 @@ def _kernel(M: int, N: int, K: int, config: Config) -> Any:
         pid = T.cta_id([blocks_m * blocks_n])
         tx = T.thread_id([threads])
         smem = T.alloc_buffer((stages * (a_tile + b_tile),), "float16", scope="shared.dyn", align=1024)
-        bars = T.alloc_buffer((stages,), "uint64", scope="shared", align=8)
+        # A full barrier per stage (TMA's bytes landed), then, with a producer, an empty one (every
+        # consumer is done with the stage).
+        bars = T.alloc_buffer((2 * stages,), "uint64", scope="shared", align=8)
         acc = T.alloc_buffer((slices * acc_n,), "float32", scope="local")
         desc = T.alloc_buffer((2,), "uint64", scope="local")  # A's and B's matrix descriptors
 
@@ -170,51 +222,29 @@ def _kernel(M: int, N: int, K: int, config: Config) -> Any:
         width = T.meta_var(group * blocks_n)
         block_m = T.meta_var(pid // width * group + pid % width % group)
         block_n = T.meta_var(pid % width // group)
-        warpgroup = T.meta_var(tx // WARPGROUP)
-        warp = T.meta_var(tx % WARPGROUP // 32)
-        lane = T.meta_var(tx % 32)
 
         if tx == 0:
             for s in T.unroll(stages):
                 T.ptx.mbarrier.init.shared.b64(T.address_of(bars[s]), T.uint32(1))
+                T.ptx.mbarrier.init.shared.b64(T.address_of(bars[stages + s]), T.uint32(consumers))
         T.ptx.fence.proxy.async_.shared__cta()  # the barriers, initialised, before TMA uses them
         T.cuda.cta_sync()
-        if tx == 0:
-            for s in T.unroll(stages):
-                load(smem, bars, a_map, b_map, block_m, block_n, s, s)
-        for i in T.unroll(slices * acc_n):
-            acc[i] = T.float32(0)
-        for tile in T.serial(tiles):
-            stage = T.meta_var(tile % stages)
-            T.cuda.mbarrier_wait(T.address_of(bars[stage]), tile // stages % 2)
-            T.ptx.wgmma.fence.sync.aligned()
-            for step in T.unroll(TILE_K // STEP_K):
-                T.cuda.wgmma.encode_matrix_descriptor(
-                    T.address_of(desc[1]), T.address_of(smem[b_base + stage * b_tile + step * STEP_K * ATOM_N]),
-                    b_lead, b_stride, SWIZZLE_128B)
-                for s in T.unroll(slices):
-                    T.cuda.wgmma.encode_matrix_descriptor(
-                        T.address_of(desc[0]),
-                        T.address_of(smem[stage * a_tile + (warpgroup * slices + s) * SLICE * TILE_K + step * STEP_K]),
-                        a_lead, a_stride, SWIZZLE_128B)
-                    # D += A * B; scale A and B by 1; A K-major (0), B N-major, transposed (1).
-                    T.ptx[wgmma](*[acc[s * acc_n + r] for r in range(acc_n)], desc[0], desc[1], T.bool(True),
-                                 1, 1, 0, 1)
-            T.ptx.wgmma.commit_group.sync.aligned()
-            T.ptx.wgmma.wait_group.sync.aligned(1)  # the previous tile's wgmmas are done
-            T.cuda.cta_sync()  # ... in every warpgroup: its stage may be reloaded
-            if tx == 0 and tile >= 1 and tile - 1 + stages < tiles:
-                load(smem, bars, a_map, b_map, block_m, block_n, tile - 1 + stages, (tile - 1) % stages)
-        T.ptx.wgmma.wait_group.sync.aligned(0)
-        # The m64nNk16 accumulator layout: warp w of a warpgroup holds rows 16w + lane / 4 (+ 8),
-        # columns 8j + 2 (lane % 4) (+ 1), as registers 4j + (0, 1) and (2, 3).
-        for s in T.unroll(slices):
-            for j in T.unroll(bn // 8):
-                for half in T.unroll(2):
-                    for c in T.vectorized(2):
-                        C[block_m * bm + (warpgroup * slices + s) * SLICE + warp * 16 + lane // 4 + half * 8,
-                          block_n * bn + j * 8 + lane % 4 * 2 + c] = T.Cast(
-                            "float16", acc[s * acc_n + j * 4 + half * 2 + c])
+        if producer == 1:
+            # Warpgroup 0 produces: its thread 0 loads each tile once the stage's previous tile
+            # has been consumed everywhere. The other warpgroups consume.
+            if tx < WARPGROUP:
+                if tx == 0:
+                    for tile in T.serial(tiles):
+                        if tile >= stages:
+                            T.cuda.mbarrier_wait(T.address_of(bars[stages + tile % stages]), (tile // stages - 1) % 2)
+                        load(smem, bars, a_map, b_map, block_m, block_n, tile, tile % stages)
+            else:
+                consume(smem, bars, a_map, b_map, acc, desc, C, block_m, block_n, tx, tx // WARPGROUP - 1)
+        else:
+            if tx == 0:
+                for s in T.unroll(stages):
+                    load(smem, bars, a_map, b_map, block_m, block_n, s, s)
+            consume(smem, bars, a_map, b_map, acc, desc, C, block_m, block_n, tx, tx // WARPGROUP)
     # fmt: on
 
     return main
