@@ -39,7 +39,7 @@ from typing import Any
 
 from farm.core.space import ChoiceKnob, Config, ConfigSpace
 from farm.core.targets import TargetSpec
-from farm.core.templates.base import TIR_PIPELINE_ATTR, Template, shared_memory_error
+from farm.core.templates.base import CUDA_MAX_GRID_DIM, TIR_PIPELINE_ATTR, Template, shared_memory_error
 from farm.core.workloads import Workload
 
 ARCH = "sm_90a"  # wgmma exists only in sm_90's arch-specific variant
@@ -85,6 +85,8 @@ class CudaWgmma(Template, name="cuda.wgmma", kind="cuda", workloads=("matmul",))
         m, n, k = wl.p["M"], wl.p["N"], wl.p["K"]
         if m % rows or n % cols:
             return f"a {rows}x{cols} block tile does not divide the {m}x{n} output"
+        if (blocks := m // rows * (n // cols)) > CUDA_MAX_GRID_DIM["x"]:
+            return f"blockIdx.x extent {blocks} > {CUDA_MAX_GRID_DIM['x']}"
         if (m // rows) % min(config["raster"], m // rows):
             return f"groups of {config['raster']} block rows do not divide the {m // rows} block rows"
         if (accumulators := config["slices"] * cols // 2) > MAX_ACCUMULATORS:

@@ -68,7 +68,7 @@ def verify_gpu(mod: Any, target: TargetSpec) -> str | None:
         static, dynamic = int(allocated.get("shared", 0)), int(allocated.get("shared.dyn", 0))
         if (reason := shared_memory_error(static, target, dynamic)) is not None:
             return f"kernel {gvar.name_hint}: {reason}"
-    # A kernel written in TIRx has no loops bound to blockIdx to inspect: its template checks the grid.
+    # A kernel written in TIRx binds no loops to blockIdx: its template's `check` bounds its grid.
     return _grid_violation(mod) if tir_pipeline(mod) == "default" else None
 
 
