@@ -8,6 +8,7 @@ import time
 from workers.builder import BuildResult, build_one
 
 HANG, CRASH = 3, 5  # config indices that hang and crash the compiler process
+SLOW, SLOW_SECONDS = 7, 6.0  # a config index that paced_build takes this long to build
 
 
 def faulty_build(task_json: str, index: int, out_dir: str) -> BuildResult:
@@ -17,3 +18,11 @@ def faulty_build(task_json: str, index: int, out_dir: str) -> BuildResult:
     if index == CRASH:
         os._exit(139)  # as a segfault in the compiler would
     return build_one(task_json, index, out_dir)
+
+
+def paced_build(task_json: str, index: int, out_dir: str) -> BuildResult:
+    """A build that takes no time, except that config SLOW takes SLOW_SECONDS (nothing is compiled:
+    the builder's timing, not a kernel, is under test)."""
+    if index == SLOW:
+        time.sleep(SLOW_SECONDS)
+    return BuildResult(index, {})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures as cf
+import json
 import shutil
 import time
 from pathlib import Path
@@ -14,9 +15,9 @@ from farm.core.measure import Status
 from farm.core.targets import parse_target
 from farm.core.task import Task
 from farm.core.workloads import make_workload
-from tests.build_faults import CRASH, HANG, faulty_build
+from tests.build_faults import CRASH, HANG, SLOW, SLOW_SECONDS, faulty_build, paced_build
 from workers import builder
-from workers.builder import BuildResult, ProcessPoolBuilder
+from workers.builder import STRAGGLER_SAMPLES, BuildResult, ProcessPoolBuilder
 
 TASK = Task(make_workload("matmul", {"M": 32, "N": 32, "K": 32}), parse_target("llvm"))
 
@@ -52,6 +53,23 @@ def test_results_arrive_as_each_candidate_is_built() -> None:
         done, _ = cf.wait(futures[1:], timeout=18)
         assert len(done) == 2 and time.monotonic() - start < 18  # not held back by the hung one
         assert futures[0].result(timeout=40).status is Status.TIMEOUT
+
+
+def test_a_straggler_is_stopped_at_ten_times_its_tasks_median_build() -> None:
+    """Until 16 candidates of a task have built, a slow one has the whole timeout; after them, a
+    build past 10x their median, and past the floor, is stopped and recorded as a timeout."""
+    with ProcessPoolBuilder(workers=2, timeout=30, build=paced_build, floor=2) as builder:
+        assert builder.build(TASK, [SLOW])[0].ok  # SLOW_SECONDS < 30 s: no median yet
+        assert all(r.ok for r in builder.build(TASK, list(range(20, 20 + STRAGGLER_SAMPLES))))
+        limit, why = builder.deadline(json.dumps(TASK.to_json(), sort_keys=True))
+        assert limit == 2 and "median build" in why  # 10x a few milliseconds is below the floor
+        start = time.monotonic()
+        late = builder.build(TASK, [SLOW])[0]
+        assert late.status is Status.TIMEOUT and "median build" in late.error, late.error
+        assert time.monotonic() - start < SLOW_SECONDS
+        assert builder.build(TASK, [40])[0].ok  # its slot's new process builds the next one
+        other = Task(make_workload("matmul", {"M": 16, "N": 16, "K": 16}), parse_target("llvm"))
+        assert builder.deadline(json.dumps(other.to_json(), sort_keys=True))[0] == 30  # per task
 
 
 CUDA_TASK = Task(make_workload("matmul", {"M": 64, "N": 64, "K": 64}), parse_target("cuda"))
