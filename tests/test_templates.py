@@ -539,7 +539,8 @@ def test_cuda_wgmma_kernel_builds_as_the_farm_builds_it(tmp_path: Path, warpgrou
                                                          block_n: int, producer: int) -> None:
     """A 4096^3 float16 matmul on Hopper's wgmma, built as every candidate is (workers.builder:
     TVM's tirx pipeline, then nvcc -arch=sm_90a): it compiles, its accumulators stay in registers
-    (no spills, no local memory: every index into them is a constant), and the kernel issues
+    (no spills, no local memory: every index into them is a constant), ptxas keeps the wgmmas
+    asynchronous (it serialises them where it cannot), and the kernel issues
     ``wgmma.mma_async`` of the config's N on tiles that TMA loads, with the block's threads (one more
     warpgroup with a producer)."""
     from workers import builder
@@ -560,3 +561,7 @@ def test_cuda_wgmma_kernel_builds_as_the_farm_builds_it(tmp_path: Path, warpgrou
     assert "cp.async.bulk.tensor.2d" in source
     ptxas = builder._nvcc(source, HOPPER.arch, tmp_path / "again").stderr
     assert "0 bytes stack frame" in ptxas, ptxas
+    # ptxas serialises the wgmmas (a wait after each) where it cannot prove their accumulators
+    # untouched in flight, and says so: "Potential Performance Loss: wgmma.mma_async instructions
+    # are serialized ...".
+    assert "serialized" not in ptxas, ptxas
