@@ -373,11 +373,12 @@ def _serve(conn: Connection, build: BuildFunction) -> None:
 
 
 # A task's stragglers: once STRAGGLER_SAMPLES of its candidates have built, one that takes more
-# than STRAGGLER_FACTOR times their median (and more than the builder's floor) is stopped. On an
-# H200, 300 random resnet-last-conv configs built in 1.8 s (median), 12.9 s (p95), 47 s (max);
-# the 4 that took over 20 s ran as the 93rd to 237th fastest of the 298 that ran, and the 10
-# fastest all built within 12 s. One 40 s build held the end of a 100-trial H100 job for 20 s
-# with the GPU idle (docs/benchmarks/e2e-throughput-2026-11-25.md).
+# than STRAGGLER_FACTOR times their median (and more than the builder's floor: 30 s, MetaSchedule's
+# own build timeout, so that a build slowed by a busy machine is not taken for a slow config) is
+# stopped. On an H200, 300 random resnet-last-conv configs built in 1.8 s (median), 12.9 s (p95),
+# 47 s (max); the 2 that took over 30 s ran as the 187th and 210th fastest of the 298 that ran,
+# and the 10 fastest all built within 12 s. One 40 s build held the end of a 100-trial H100 job
+# for 20 s with the GPU idle (docs/benchmarks/e2e-throughput-2026-11-25.md).
 STRAGGLER_SAMPLES = 16
 STRAGGLER_FACTOR = 10.0
 STRAGGLER_WINDOW = 256  # the task's latest builds that the median is taken over
@@ -397,7 +398,7 @@ class ProcessPoolBuilder:
     """
 
     def __init__(self, workers: int | None = None, timeout: float = 60.0, build: BuildFunction = build_one,
-                 floor: float = 20.0) -> None:
+                 floor: float = 30.0) -> None:
         """`build` (a module-level function, run in the build processes) builds one candidate:
         `build_one`, unless a test injects failures."""
         self._build = build
