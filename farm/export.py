@@ -225,9 +225,12 @@ def write_metaschedule(records: list[dict[str, Any]], folder: str | Path) -> Pat
     from farm.core.templates.base import new_schedule, tir_pipeline
     from farm.core.workloads import workload_from_json
 
+    scheduled = []  # (record, task, its schedule): each scheduled once, all before anything is written
     for rec in records:
         task = Task(workload_from_json(rec["workload"]), parse_target(rec["target"]))
-        if tir_pipeline(task.schedule(task.space.from_json(rec["config"])).mod) != "default":
+        sch = task.schedule(task.space.from_json(rec["config"]))
+        scheduled.append((rec, task, sch))
+        if tir_pipeline(sch.mod) != "default":
             raise FarmError(f"{task.template.name} kernels are written in TIRx, not scheduled, so MetaSchedule "
                             f"cannot replay them: export {task.workload} with --format farm (the default) and build "
                             "it with `farm build`")
@@ -241,10 +244,8 @@ def write_metaschedule(records: list[dict[str, Any]], folder: str | Path) -> Pat
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         db = ms.database.JSONDatabase(str(tmp / files[0].name), str(tmp / files[1].name), allow_missing=True)
-        for rec in records:
-            task = Task(workload_from_json(rec["workload"]), parse_target(rec["target"]))
+        for rec, task, sch in scheduled:
             mod = new_schedule(task.workload).mod
-            sch = task.schedule(task.space.from_json(rec["config"]))
             db.commit_tuning_record(ms.database.TuningRecord(
                 sch.trace, db.commit_workload(mod), [rec["latency_us"] / 1e6], task.target.tvm(),
                 ms.arg_info.ArgInfo.from_prim_func(mod["main"])))
