@@ -22,8 +22,11 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from kernels_vs_vendor import parse_case
+
 from db.store import open_store
 from farm.client import Client
+from farm.core.errors import FarmError
 from farm.core.workloads import PRESETS, workload_from_json
 
 # The shapes tests/test_templates.py compiles beyond the presets: a matmul of the issue's size,
@@ -47,12 +50,6 @@ EXTRA_CASES = [
 ]
 
 
-def _parse_case(case: str) -> str | tuple[str, dict[str, str]]:
-    """A preset's name, or a workload and its parameters from "workload key=value ..."."""
-    name, *params = case.split()
-    return (name, dict(p.split("=", 1) for p in params)) if params else name
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials-per-case", type=int, default=32)
@@ -60,10 +57,14 @@ def main() -> None:
     parser.add_argument("--target", default="cuda", help="llvm checks this script itself where no GPU is")
     parser.add_argument("--case", action="append", help='only this case: a preset or "workload key=value ..."')
     args = parser.parse_args()
+    try:  # bad cases fail here, before any job
+        only = [parse_case(case)[2] for case in args.case or []]
+    except FarmError as e:
+        parser.error(f"bad --case: {e}")
     args.out.mkdir(parents=True, exist_ok=True)
     db = args.out / "check.db"
     db.unlink(missing_ok=True)
-    cases = [*PRESETS, *EXTRA_CASES] if not args.case else [_parse_case(case) for case in args.case]
+    cases = [(wl.name, wl.p) for wl in only] or [*PRESETS, *EXTRA_CASES]
     start = time.perf_counter()
     with Client(f"sqlite:///{db}", in_process=True) as client:
         job = client.submit(cases, args.target, args.trials_per_case * len(cases), search="random")
