@@ -8,8 +8,9 @@
 #   vsms        farm xgb vs stock ms.tune_tir, MS_TRIALS each (bench/vs_metaschedule.py)
 #   search      xgb vs random search, trials to 95% of the best (bench/costmodel_search.py)
 #   zeroshot    farm predict on held-out conv2d shapes vs tuning them (bench/costmodel_zeroshot.py)
-#   fsearch     xgb (3 x 128 trials) vs random search (384) through `farm tune`, resnet-last-conv
-#               then matmul 1024^3 (2 x 96 vs 256) (bench/farm_search.py)
+#   fsearch     bench/farm_search.py through `farm tune`, per FSEARCH_CASES (;-separated, default
+#               resnet-last-conv; matmul 1024^3; conv2d 1x256x14x14 3x3): 3 xgb runs of
+#               FSEARCH_TRIALS (171: a third of random's) against one random search of FSEARCH_RANDOM (512)
 #   retime      VSMS_DIR's two best kernels (an earlier vsms step) checked and timed again
 #   e2e         bench/e2e_throughput.py: E2E_TRIALS trials of resnet-last-conv on E2E_GPUS GPUs,
 #               E2E_SEEDS seeds, busy share, scaling, first trial; timeline PNGs
@@ -38,6 +39,8 @@ TRIALS=${TRIALS:-300}
 MS_TRIALS=${MS_TRIALS:-128}
 KERNEL_CASES=${KERNEL_CASES:-resnet-last-conv;matmul M=1024 N=1024 K=1024}
 KERNEL_TRIALS=${KERNEL_TRIALS:-512}; KERNEL_SEEDS=${KERNEL_SEEDS:-3}
+FSEARCH_CASES=${FSEARCH_CASES:-resnet-last-conv;matmul M=1024 N=1024 K=1024;conv2d_nchw N=1 CI=256 H=14 W=14 CO=256 KH=3 KW=3 pad=1}
+FSEARCH_TRIALS=${FSEARCH_TRIALS:-171}; FSEARCH_RANDOM=${FSEARCH_RANDOM:-512}
 E2E_TRIALS=${E2E_TRIALS:-500}; E2E_GPUS=${E2E_GPUS:-1 2}; E2E_SEEDS=${E2E_SEEDS:-3}
 mkdir -p "$OUT"; rm -f "$OUT/DONE"
 export PYTHONPATH=${PYTHONPATH:-}:$PWD PYTHONUNBUFFERED=1
@@ -70,10 +73,13 @@ for s in $STEPS; do
              --random 128 --out "$OUT/search" --json "$OUT/search.json" ;;
     zeroshot) step zeroshot 1200 python3 bench/costmodel_zeroshot.py --target cuda --families conv2d \
              --out "$OUT/zeroshot" --json "$OUT/zeroshot.json" ;;
-    fsearch) step fsearch 1200 python3 bench/farm_search.py --workload resnet-last-conv --target cuda \
-               --seeds 3 --trials 128 --random-trials 384 --out "$OUT/fsearch" --json "$OUT/fsearch.json"
-             step fsearch-matmul 900 python3 bench/farm_search.py --workload matmul --params M=1024 N=1024 K=1024 --target cuda \
-               --seeds 2 --trials 96 --random-trials 256 --out "$OUT/fsearch-matmul" --json "$OUT/fsearch-matmul.json" ;;
+    fsearch) IFS=';' read -ra cases <<< "$FSEARCH_CASES"
+             for case in "${cases[@]}"; do
+               name=$(case_name "$case"); read -ra words <<< "$case"
+               step "fsearch-$name" 1200 python3 bench/farm_search.py --workload "${words[0]}" --params "${words[@]:1}" \
+                 --target cuda --seeds 3 --trials "$FSEARCH_TRIALS" --random-trials "$FSEARCH_RANDOM" \
+                 --out "$OUT/fsearch-$name" --json "$OUT/fsearch-$name.json"
+             done ;;
     retime) step retime 300 python3 bench/vs_metaschedule.py --target cuda --out "${VSMS_DIR:?}" --retime ;;
     e2e) step e2e 3000 python3 bench/e2e_throughput.py --target cuda --trials "$E2E_TRIALS" --gpus $E2E_GPUS \
              --seeds "$E2E_SEEDS" --out "$OUT/e2e" --json "$OUT/e2e.json" ;;
