@@ -95,7 +95,7 @@ def test_metaschedule_database_refuses_a_kernel_written_in_tirx(tmp_path: Path) 
     task = Task(make_workload("matmul", dict(M=256, N=256, K=256, dtype="float16")),
                 parse_target({"kind": "cuda", "arch": "sm_90a"}))
     assert task.template.name == "cuda.wgmma"
-    config = dict(warpgroups=1, slices=1, block_n=64, stages=2, raster=1, producer=0)
+    config = dict(warpgroups=1, slices=1, block_n=64, stages=2, raster=1, producer=0, tiles_per_block=1)
     rec = {"workload": task.workload.to_json(), "target": task.target.to_json(), "config": config,
            "latency_us": 10.0}
     with pytest.raises(FarmError, match=r"written in TIRx.*--format farm.*farm build"):

@@ -77,6 +77,19 @@ def test_out_of_space_configs_are_refused(space: ConfigSpace) -> None:
         space.from_json({"a": [1, 1, 64], "b": [1, 7]})  # missing knob
 
 
+def test_a_knob_added_later_with_a_default_keeps_the_old_configs_and_their_indices() -> None:
+    """Configs exported before a template grew a knob still fit: the knob's default is filled in,
+    and as the last knob with its default first, every old config keeps its index."""
+    old = ConfigSpace([SplitKnob("a", 64, 3), ChoiceKnob("u", [0, 1, 2])])
+    new = ConfigSpace([SplitKnob("a", 64, 3), ChoiceKnob("u", [0, 1, 2]), ChoiceKnob("p", [1, 4], default=1)])
+    for i in random.Random(0).sample(range(old.size), 20):
+        doc = old.get(i).to_json()
+        assert new.from_json(doc).index == i and new.from_json(doc)["p"] == 1
+        assert new.from_json({**doc, "p": 4}).index == i + old.size
+    with pytest.raises(ValueError, match="not one of its values"):
+        ChoiceKnob("p", [1, 4], default=2)
+
+
 def test_validity_filter_rejects_what_cannot_launch() -> None:
     task = Task(make_workload("resnet-last-conv"), parse_target("cuda"))
     sp = task.space

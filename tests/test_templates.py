@@ -286,6 +286,16 @@ def test_every_workload_has_a_template_per_kind() -> None:
     assert get_template(make_workload("matmul", dict(M=128, N=64, K=64)), HOPPER).name == "cuda.tiled"
 
 
+def test_cuda_wgmma_persistent_blocks_need_a_producer_and_enough_tiles() -> None:
+    """tiles_per_block > 1 (a block computing several tiles of C) only with the producer warpgroup,
+    which runs on into the next tile's loads, and never more tiles per block than C has."""
+    task = Task(make_workload("matmul", dict(M=256, N=256, K=256, dtype="float16")), HOPPER)
+    base = dict(warpgroups=2, slices=1, block_n=128, stages=2, raster=1, producer=1, tiles_per_block=4)
+    assert task.check(task.space.from_json(base)) is None  # 2 x 2 tiles of 128 x 128: one block
+    assert "needs producer=1" in (task.check(task.space.from_json({**base, "producer": 0})) or "")
+    assert "> the 4 tiles of C" in (task.check(task.space.from_json({**base, "tiles_per_block": 8})) or "")
+
+
 def test_blog_v4_depthwise_schedule_is_a_point_of_the_space() -> None:
     """make_dwsp_conv2d_gpu_scheduler_v4 of the blog post, ported literally to s_tir."""
     wl = make_workload("seed-depthwise")
@@ -533,23 +543,24 @@ def test_cuda_tensorcore_refuses_what_could_not_run() -> None:
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (CUDA's compiler) on this machine")
-@pytest.mark.parametrize(("warpgroups", "slices", "block_n", "producer"),
-                         [(1, 1, 64, 0), (2, 1, 256, 0), (1, 2, 128, 1), (2, 1, 256, 1), (2, 2, 64, 1)])
+@pytest.mark.parametrize(("warpgroups", "slices", "block_n", "producer", "tiles_per_block"),
+                         [(1, 1, 64, 0, 1), (2, 1, 256, 0, 1), (1, 2, 128, 1, 2), (2, 1, 256, 1, 4), (2, 2, 64, 1, 8),
+                          (2, 1, 256, 1, 1)])
 def test_cuda_wgmma_kernel_builds_as_the_farm_builds_it(tmp_path: Path, warpgroups: int, slices: int,
-                                                         block_n: int, producer: int) -> None:
+                                                         block_n: int, producer: int, tiles_per_block: int) -> None:
     """A 4096^3 float16 matmul on Hopper's wgmma, built as every candidate is (workers.builder:
     TVM's tirx pipeline, then nvcc -arch=sm_90a): it compiles, its accumulators stay in registers
     (no spills, no local memory: every index into them is a constant), ptxas keeps the wgmmas
     asynchronous (it serialises them where it cannot), and the kernel issues
     ``wgmma.mma_async`` of the config's N on tiles that TMA loads, with the block's threads (one more
-    warpgroup with a producer)."""
+    warpgroup with a producer) and, with tiles_per_block > 1, a loop over the block's tiles of C."""
     from workers import builder
 
     wl = make_workload("matmul", dict(M=4096, N=4096, K=4096, dtype="float16"))
     task = Task(wl, HOPPER)
     assert task.template.name == "cuda.wgmma"
     config = task.space.from_json(dict(warpgroups=warpgroups, slices=slices, block_n=block_n, stages=3, raster=8,
-                                       producer=producer))
+                                       producer=producer, tiles_per_block=tiles_per_block))
     assert task.check(config) is None and tir_pipeline(task.schedule(config).mod) == "tirx"
     result = builder.build_one(json.dumps(task.to_json()), config.index, str(tmp_path))
     assert result.ok, result.error
@@ -559,6 +570,8 @@ def test_cuda_wgmma_kernel_builds_as_the_farm_builds_it(tmp_path: Path, warpgrou
     source = lib.mod.imports[0].inspect_source("")
     assert f"wgmma.mma_async.sync.aligned.m64n{block_n}k16.f32.f16.f16" in source
     assert "cp.async.bulk.tensor.2d" in source
+    # A persistent block loops over its tiles of C (the loop TVM keeps as the script's `t`).
+    assert ("for (int t = 0; t < " in source) == (tiles_per_block > 1)
     ptxas = builder._nvcc(source, HOPPER.arch, tmp_path / "again").stderr
     assert "0 bytes stack frame" in ptxas, ptxas
     # ptxas serialises the wgmmas (a wait after each) where it cannot prove their accumulators

@@ -77,6 +77,9 @@ class Knob:
     """A named dimension of a config space with a finite, ordered list of values."""
 
     name: str
+    # The value a config written without this knob stands for (see ChoiceKnob); None: no such
+    # config fits the space.
+    default: KnobValue | None = None
 
     @property
     def values(self) -> Sequence[KnobValue]:
@@ -136,10 +139,19 @@ class SplitKnob(Knob):
 
 
 class ChoiceKnob(Knob):
-    """One value among a fixed list."""
+    """One value among a fixed list.
 
-    def __init__(self, name: str, values: Sequence[KnobValue]) -> None:
+    `default` is for a knob added to a template after configs of it were exported: the value
+    that builds what those configs built, filled in where a config lacks the knob. Added as the
+    space's last knob with `default` its first value, it leaves every earlier config's index as
+    it was (the last knob varies slowest), so stored trials keep their meaning.
+    """
+
+    def __init__(self, name: str, values: Sequence[KnobValue], default: KnobValue | None = None) -> None:
         self.name, self._values = name, list(values)
+        if default is not None and default not in self._values:
+            raise ValueError(f"knob {name}: default {default!r} is not one of its values")
+        self.default = default
 
     @property
     def values(self) -> list[KnobValue]:
@@ -210,14 +222,15 @@ class ConfigSpace:
         return Config(index, tuple(values))
 
     def index(self, values: Mapping[str, KnobValue]) -> int:
-        """The index of the config with these knob values (every knob exactly once)."""
+        """The index of the config with these knob values (every knob exactly once, except that a
+        knob with a default may be left out)."""
         extra = sorted(str(k) for k in set(values) - set(self._by_name))
-        missing = [k.name for k in self.knobs if k.name not in values]
+        missing = [k.name for k in self.knobs if k.name not in values and k.default is None]
         if extra or missing:
             raise FarmError(f"config does not fit the space: unknown knobs {brief(extra)}, missing {missing}")
         index, radix = 0, 1
         for knob in self.knobs:
-            index += knob.index(values[knob.name]) * radix
+            index += knob.index(values.get(knob.name, knob.default)) * radix
             radix *= len(knob)
         return index
 

@@ -28,7 +28,13 @@ persistent tile scheduling or thread-block clusters:
   barrier stalls the consumers;
 - the tensor maps are encoded on the host at each call (``runtime.cuTensorMapEncodeTiled``, a
   few microseconds of CPU that overlap the previous launch in timed runs);
-- the block order is grouped by `raster` block rows (neighbouring blocks share A and B tiles in
+- with a producer, a block may compute `tiles_per_block` tiles of C one after the other
+  (persistent, as CUTLASS's Hopper GEMMs are): the producer runs on into the next tile's loads
+  while the consumers write the last one out, so neither the pipeline's fill nor the write-out
+  stalls the tensor cores between tiles. The grid is then the tiles / `tiles_per_block`, block b
+  taking tiles b, b + grid, ... (at any moment the blocks work on neighbouring tiles, as one
+  launch of one tile per block would);
+- the tile order is grouped by `raster` block rows (neighbouring tiles share A and B tiles in
   L2), and the accumulators go straight from registers to C as half2 stores.
 
 Every tile is whole (`check`): M, N and K must be multiples of the block's tile and of 64.
@@ -55,6 +61,7 @@ MAX_ACCUMULATORS = 128
 BLOCK_N = (64, 128, 192, 256)  # wgmma's N (multiples of 8 up to 256; whole 64-column atoms here)
 STAGES = (2, 3, 4, 5, 6)
 RASTER = (1, 4, 8, 16)
+TILES_PER_BLOCK = (1, 2, 4, 8)  # 4096^3 at 128x256: 512 tiles, 128 blocks of 4 fill 132 SMs once
 # 128-byte swizzle, in the encodings of CUtensorMapSwizzle and of TVM's descriptor helper.
 SWIZZLE_128B = 3
 L2_PROMOTION_128B = 2  # CU_TENSOR_MAP_L2_PROMOTION_L2_128B
@@ -74,6 +81,8 @@ class CudaWgmma(Template, name="cuda.wgmma", kind="cuda", workloads=("matmul",))
             ChoiceKnob("stages", list(STAGES)),
             ChoiceKnob("raster", list(RASTER)),
             ChoiceKnob("producer", [0, 1]),  # a warpgroup of its own loads the tiles (1)
+            # > 1: persistent blocks. Added after the first exports, which meant 1.
+            ChoiceKnob("tiles_per_block", list(TILES_PER_BLOCK), default=1),
         ])
 
     def check(self, wl: Workload, target: TargetSpec, config: Config) -> str | None:
@@ -86,7 +95,12 @@ class CudaWgmma(Template, name="cuda.wgmma", kind="cuda", workloads=("matmul",))
         m, n, k = wl.p["M"], wl.p["N"], wl.p["K"]
         if m % rows or n % cols:
             return f"a {rows}x{cols} block tile does not divide the {m}x{n} output"
-        if (blocks := m // rows * (n // cols)) > CUDA_MAX_GRID_DIM["x"]:
+        tiles, per_block = m // rows * (n // cols), config["tiles_per_block"]
+        if per_block > 1 and not config["producer"]:
+            return "tiles_per_block > 1 needs producer=1 (the producer runs on into the next tile)"
+        if per_block > tiles:
+            return f"tiles_per_block={per_block} > the {tiles} tiles of C"
+        if (blocks := -(-tiles // per_block)) > CUDA_MAX_GRID_DIM["x"]:
             return f"blockIdx.x extent {blocks} > {CUDA_MAX_GRID_DIM['x']}"
         if (m // rows) % min(config["raster"], m // rows):
             return f"groups of {config['raster']} block rows do not divide the {m // rows} block rows"
@@ -126,9 +140,13 @@ def _kernel(M: int, N: int, K: int, config: Config) -> Any:
     threads = consumers + WARPGROUP * producer
     acc_n = bn // 2  # accumulators per thread and slice
     atoms = bn // ATOM_N
-    tiles = K // TILE_K
+    k_tiles = K // TILE_K
     blocks_m, blocks_n = M // bm, N // bn
+    total = blocks_m * blocks_n  # tiles of C
+    per_block = config["tiles_per_block"]
+    grid = -(-total // per_block)
     group = min(config["raster"], blocks_m)
+    width = group * blocks_n  # tiles in one group of `group` tile rows
     a_tile, b_tile = bm * TILE_K, bn * TILE_K  # halves per stage
     b_base = stages * a_tile  # the B tiles follow the A tiles in the one dynamic buffer
     tile_bytes = (a_tile + b_tile) * 2
@@ -140,61 +158,88 @@ def _kernel(M: int, N: int, K: int, config: Config) -> Any:
     a_lead, a_stride = 1, 1024 // 16
     b_lead, b_stride = TILE_K * 128 // 16, 1024 // 16
 
+    # A block's t-th tile of C is tile t * grid + pid; `it` = t * k_tiles + k counts a block's
+    # reduction tiles across its tiles of C: the stage (it % stages) and the barriers' phases
+    # (it // stages) run on from one tile of C to the next.
+
     # fmt: off
     @T.macro
-    def load(smem, bars, a_map, b_map, block_m, block_n, tile, stage):
-        # (one thread) tile `tile` of A and B into `stage`, arriving on its full barrier with the
-        # bytes to expect
+    def load(smem, bars, a_map, b_map, block_m, block_n, k, stage):
+        # (one thread) reduction tile k of A and B into `stage`, arriving on its full barrier with
+        # the bytes to expect
         T.ptx.mbarrier.arrive.expect_tx.shared.b64(T.address_of(bars[stage]), T.uint32(tile_bytes))
-        T.ptx[tma](T.address_of(smem[stage * a_tile]), T.address_of(a_map), tile * TILE_K, block_m * bm,
+        T.ptx[tma](T.address_of(smem[stage * a_tile]), T.address_of(a_map), k * TILE_K, block_m * bm,
                    T.address_of(bars[stage]))
         for atom in T.unroll(atoms):
             T.ptx[tma](T.address_of(smem[b_base + stage * b_tile + atom * TILE_K * ATOM_N]),
-                       T.address_of(b_map), block_n * bn + atom * ATOM_N, tile * TILE_K,
+                       T.address_of(b_map), block_n * bn + atom * ATOM_N, k * TILE_K,
                        T.address_of(bars[stage]))
 
     @T.macro
-    def consume(smem, bars, a_map, b_map, acc, desc, C, block_m, block_n, tx, warpgroup):
-        # (every consumer thread) the reduction, tile by tile as the full barriers complete, then
-        # the write-out
-        for i in T.unroll(slices * acc_n):
-            acc[i] = T.float32(0)
-        for tile in T.serial(tiles):
-            stage = T.meta_var(tile % stages)
-            T.cuda.mbarrier_wait(T.address_of(bars[stage]), tile // stages % 2)
-            T.ptx.wgmma.fence.sync.aligned()
-            for step in T.unroll(TILE_K // STEP_K):
-                T.cuda.wgmma.encode_matrix_descriptor(
-                    T.address_of(desc[1]), T.address_of(smem[b_base + stage * b_tile + step * STEP_K * ATOM_N]),
-                    b_lead, b_stride, SWIZZLE_128B)
+    def produce(smem, bars, a_map, b_map, pid):
+        # (one thread of the producer warpgroup) every reduction tile of the block's tiles of C,
+        # each once every consumer is done with its stage's previous tile
+        for t in T.serial(per_block):
+            u = T.meta_var(t * grid + pid)
+            if u < total:
+                for k in T.serial(k_tiles):
+                    it = T.meta_var(t * k_tiles + k)
+                    if it >= stages:
+                        T.cuda.mbarrier_wait(T.address_of(bars[stages + it % stages]), (it // stages - 1) % 2)
+                    load(smem, bars, a_map, b_map, u // width * group + u % width % group, u % width // group,
+                         k, it % stages)
+
+    @T.macro
+    def consume(smem, bars, a_map, b_map, acc, desc, C, pid, tx, warpgroup):
+        # (every consumer thread) per tile of C, the reduction, tile by tile as the full barriers
+        # complete, then the write-out
+        for t in T.serial(per_block):
+            u = T.meta_var(t * grid + pid)
+            if u < total:
+                block_m = T.meta_var(u // width * group + u % width % group)
+                block_n = T.meta_var(u % width // group)
+                for i in T.unroll(slices * acc_n):
+                    acc[i] = T.float32(0)
+                for k in T.serial(k_tiles):
+                    it = T.meta_var(t * k_tiles + k)
+                    stage = T.meta_var(it % stages)
+                    T.cuda.mbarrier_wait(T.address_of(bars[stage]), it // stages % 2)
+                    T.ptx.wgmma.fence.sync.aligned()
+                    for step in T.unroll(TILE_K // STEP_K):
+                        T.cuda.wgmma.encode_matrix_descriptor(
+                            T.address_of(desc[1]), T.address_of(smem[b_base + stage * b_tile + step * STEP_K * ATOM_N]),
+                            b_lead, b_stride, SWIZZLE_128B)
+                        for s in T.unroll(slices):
+                            T.cuda.wgmma.encode_matrix_descriptor(
+                                T.address_of(desc[0]),
+                                T.address_of(smem[stage * a_tile + (warpgroup * slices + s) * SLICE * TILE_K
+                                                  + step * STEP_K]),
+                                a_lead, a_stride, SWIZZLE_128B)
+                            # D += A * B; scale A and B by 1; A K-major (0), B N-major, transposed (1).
+                            T.ptx[wgmma](*[acc[s * acc_n + r] for r in range(acc_n)], desc[0], desc[1],
+                                         T.bool(True), 1, 1, 0, 1)
+                    T.ptx.wgmma.commit_group.sync.aligned()
+                    T.ptx.wgmma.wait_group.sync.aligned(1)  # this warpgroup is done with tile k - 1
+                    if producer == 1:
+                        if k >= 1:  # tell the producer (the empty barrier counts every consumer thread)
+                            T.ptx.mbarrier.arrive.shared.b64(T.address_of(bars[stages + (it - 1) % stages]))
+                    else:
+                        T.cuda.cta_sync()  # ... and so is every warpgroup: thread 0 reloads its stage
+                        if tx == 0 and k >= 1 and k - 1 + stages < k_tiles:
+                            load(smem, bars, a_map, b_map, block_m, block_n, k - 1 + stages, (k - 1) % stages)
+                T.ptx.wgmma.wait_group.sync.aligned(0)
+                if producer == 1:  # the last reduction tile's stage, free for the next tile of C
+                    T.ptx.mbarrier.arrive.shared.b64(T.address_of(bars[stages + (t * k_tiles + k_tiles - 1) % stages]))
+                # The m64nNk16 accumulator layout: warp w of a warpgroup holds rows 16w + lane / 4
+                # (+ 8), columns 8j + 2 (lane % 4) (+ 1), as registers 4j + (0, 1) and (2, 3).
                 for s in T.unroll(slices):
-                    T.cuda.wgmma.encode_matrix_descriptor(
-                        T.address_of(desc[0]),
-                        T.address_of(smem[stage * a_tile + (warpgroup * slices + s) * SLICE * TILE_K + step * STEP_K]),
-                        a_lead, a_stride, SWIZZLE_128B)
-                    # D += A * B; scale A and B by 1; A K-major (0), B N-major, transposed (1).
-                    T.ptx[wgmma](*[acc[s * acc_n + r] for r in range(acc_n)], desc[0], desc[1], T.bool(True),
-                                 1, 1, 0, 1)
-            T.ptx.wgmma.commit_group.sync.aligned()
-            T.ptx.wgmma.wait_group.sync.aligned(1)  # this warpgroup is done with the previous tile
-            if producer == 1:
-                if tile >= 1:  # tell the producer (the empty barrier counts every consumer thread)
-                    T.ptx.mbarrier.arrive.shared.b64(T.address_of(bars[stages + (tile - 1) % stages]))
-            else:
-                T.cuda.cta_sync()  # ... and so is every warpgroup: thread 0 reloads its stage
-                if tx == 0 and tile >= 1 and tile - 1 + stages < tiles:
-                    load(smem, bars, a_map, b_map, block_m, block_n, tile - 1 + stages, (tile - 1) % stages)
-        T.ptx.wgmma.wait_group.sync.aligned(0)
-        # The m64nNk16 accumulator layout: warp w of a warpgroup holds rows 16w + lane / 4 (+ 8),
-        # columns 8j + 2 (lane % 4) (+ 1), as registers 4j + (0, 1) and (2, 3).
-        for s in T.unroll(slices):
-            for j in T.unroll(bn // 8):
-                for half in T.unroll(2):
-                    for c in T.vectorized(2):
-                        C[block_m * bm + (warpgroup * slices + s) * SLICE + tx % WARPGROUP // 32 * 16
-                          + tx % 32 // 4 + half * 8,
-                          block_n * bn + j * 8 + tx % 4 * 2 + c] = T.Cast(
-                            "float16", acc[s * acc_n + j * 4 + half * 2 + c])
+                    for j in T.unroll(bn // 8):
+                        for half in T.unroll(2):
+                            for c in T.vectorized(2):
+                                C[block_m * bm + (warpgroup * slices + s) * SLICE + tx % WARPGROUP // 32 * 16
+                                  + tx % 32 // 4 + half * 8,
+                                  block_n * bn + j * 8 + tx % 4 * 2 + c] = T.Cast(
+                                    "float16", acc[s * acc_n + j * 4 + half * 2 + c])
 
     @T.prim_func
     def main(a_handle: T.handle, b_handle: T.handle, c_handle: T.handle) -> None:
@@ -212,7 +257,7 @@ def _kernel(M: int, N: int, K: int, config: Config) -> Any:
                       ATOM_N, TILE_K, 1, 1, 0, SWIZZLE_128B, L2_PROMOTION_128B, 0)
 
         T.device_entry()
-        pid = T.cta_id([blocks_m * blocks_n])
+        pid = T.cta_id([grid])
         tx = T.thread_id([threads])
         smem = T.alloc_buffer((stages * (a_tile + b_tile),), "float16", scope="shared.dyn", align=1024)
         # A full barrier per stage (TMA's bytes landed), then, with a producer, an empty one (every
@@ -221,11 +266,6 @@ def _kernel(M: int, N: int, K: int, config: Config) -> Any:
         acc = T.alloc_buffer((slices * acc_n,), "float32", scope="local")
         desc = T.alloc_buffer((2,), "uint64", scope="local")  # A's and B's matrix descriptors
 
-        # Blocks in groups of `group` block rows, column by column within a group.
-        width = T.meta_var(group * blocks_n)
-        block_m = T.meta_var(pid // width * group + pid % width % group)
-        block_n = T.meta_var(pid % width // group)
-
         if tx == 0:
             for s in T.unroll(stages):
                 T.ptx.mbarrier.init.shared.b64(T.address_of(bars[s]), T.uint32(1))
@@ -233,21 +273,18 @@ def _kernel(M: int, N: int, K: int, config: Config) -> Any:
         T.ptx.fence.proxy.async_.shared__cta()  # the barriers, initialised, before TMA uses them
         T.cuda.cta_sync()
         if producer == 1:
-            # Warpgroup 0 produces: its thread 0 loads each tile once the stage's previous tile
-            # has been consumed everywhere. The other warpgroups consume.
+            # Warpgroup 0 produces (its thread 0 issues every load); the other warpgroups consume.
             if tx < WARPGROUP:
                 if tx == 0:
-                    for tile in T.serial(tiles):
-                        if tile >= stages:
-                            T.cuda.mbarrier_wait(T.address_of(bars[stages + tile % stages]), (tile // stages - 1) % 2)
-                        load(smem, bars, a_map, b_map, block_m, block_n, tile, tile % stages)
+                    produce(smem, bars, a_map, b_map, pid)
             else:
-                consume(smem, bars, a_map, b_map, acc, desc, C, block_m, block_n, tx, tx // WARPGROUP - 1)
+                consume(smem, bars, a_map, b_map, acc, desc, C, pid, tx, tx // WARPGROUP - 1)
         else:
-            if tx == 0:
+            if tx == 0:  # one tile of C per block (check): its first `stages` reduction tiles
                 for s in T.unroll(stages):
-                    load(smem, bars, a_map, b_map, block_m, block_n, s, s)
-            consume(smem, bars, a_map, b_map, acc, desc, C, block_m, block_n, tx, tx // WARPGROUP)
+                    load(smem, bars, a_map, b_map, pid // width * group + pid % width % group, pid % width // group,
+                         s, s)
+            consume(smem, bars, a_map, b_map, acc, desc, C, pid, tx, tx // WARPGROUP)
     # fmt: on
 
     return main
