@@ -152,6 +152,13 @@ def test_cuda_template_compiles_and_passes_gpu_verification(case: tuple[Any, ...
         assert "__global__" in source, f"{wl} {config.dumps()}: no CUDA kernel in the compiled module"
 
 
+def _exported(lib: Any, tmp_path: Path) -> bytes:
+    """The bytes of `lib` exported as a shared library (the device module with its launch tags)."""
+    path = tmp_path / "exported.so"
+    lib.export_library(str(path))
+    return path.read_bytes()
+
+
 def _cuda_templates() -> list[tuple[Template, Workload]]:
     """Each cuda template with the first case it schedules."""
     out = []
@@ -286,14 +293,21 @@ def test_every_workload_has_a_template_per_kind() -> None:
     assert get_template(make_workload("matmul", dict(M=128, N=64, K=64)), HOPPER).name == "cuda.tiled"
 
 
-def test_cuda_wgmma_persistent_blocks_need_a_producer_and_enough_tiles() -> None:
-    """tiles_per_block > 1 (a block computing several tiles of C) only with the producer warpgroup,
-    which runs on into the next tile's loads, and never more tiles per block than C has."""
+def test_cuda_wgmma_persistent_blocks_and_clusters_need_a_producer_and_enough_tiles() -> None:
+    """tiles_per_block > 1 (a block computing several tiles of C) and clusters only with the
+    producer warpgroup, never more tiles per block than C has, and clusters only of whole block
+    rows."""
     task = Task(make_workload("matmul", dict(M=256, N=256, K=256, dtype="float16")), HOPPER)
-    base = dict(warpgroups=2, slices=1, block_n=128, stages=2, raster=1, producer=1, tiles_per_block=4)
+    base = dict(warpgroups=2, slices=1, block_n=128, stages=2, raster=1, producer=1, tiles_per_block=4, cluster=1)
     assert task.check(task.space.from_json(base)) is None  # 2 x 2 tiles of 128 x 128: one block
-    assert "needs producer=1" in (task.check(task.space.from_json({**base, "producer": 0})) or "")
+    assert "need producer=1" in (task.check(task.space.from_json({**base, "producer": 0})) or "")
     assert "> the 4 tiles of C" in (task.check(task.space.from_json({**base, "tiles_per_block": 8})) or "")
+    pairs = {**base, "cluster": 2, "tiles_per_block": 2}  # 1 x 2 cluster tiles of 256 x 128: one cluster
+    assert task.check(task.space.from_json(pairs)) is None
+    assert "need producer=1" in (task.check(task.space.from_json({**pairs, "producer": 0, "tiles_per_block": 1}))
+                                 or "")
+    assert "clusters of 2 block rows do not divide the 1" in (
+        task.check(task.space.from_json({**pairs, "slices": 2, "tiles_per_block": 1})) or "")
 
 
 def test_blog_v4_depthwise_schedule_is_a_point_of_the_space() -> None:
@@ -543,24 +557,25 @@ def test_cuda_tensorcore_refuses_what_could_not_run() -> None:
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (CUDA's compiler) on this machine")
-@pytest.mark.parametrize(("warpgroups", "slices", "block_n", "producer", "tiles_per_block"),
-                         [(1, 1, 64, 0, 1), (2, 1, 256, 0, 1), (1, 2, 128, 1, 2), (2, 1, 256, 1, 4), (2, 2, 64, 1, 8),
-                          (2, 1, 256, 1, 1)])
-def test_cuda_wgmma_kernel_builds_as_the_farm_builds_it(tmp_path: Path, warpgroups: int, slices: int,
-                                                         block_n: int, producer: int, tiles_per_block: int) -> None:
+@pytest.mark.parametrize(("warpgroups", "slices", "block_n", "producer", "tiles_per_block", "cluster"),
+                         [(1, 1, 64, 0, 1, 1), (2, 1, 256, 0, 1, 1), (1, 2, 128, 1, 2, 1), (2, 1, 256, 1, 4, 1),
+                          (2, 2, 64, 1, 8, 1), (2, 1, 256, 1, 1, 1), (2, 1, 256, 1, 4, 2), (1, 2, 128, 1, 1, 2)])
+def test_cuda_wgmma_kernel_builds_as_the_farm_builds_it(tmp_path: Path, warpgroups: int, slices: int, block_n: int,
+                                                         producer: int, tiles_per_block: int, cluster: int) -> None:
     """A 4096^3 float16 matmul on Hopper's wgmma, built as every candidate is (workers.builder:
     TVM's tirx pipeline, then nvcc -arch=sm_90a): it compiles, its accumulators stay in registers
     (no spills, no local memory: every index into them is a constant), ptxas keeps the wgmmas
     asynchronous (it serialises them where it cannot), and the kernel issues
     ``wgmma.mma_async`` of the config's N on tiles that TMA loads, with the block's threads (one more
-    warpgroup with a producer) and, with tiles_per_block > 1, a loop over the block's tiles of C."""
+    warpgroup with a producer), with tiles_per_block > 1 a loop over the block's tiles of C, and with
+    clusters a cluster launch whose CTAs multicast B and release stages in both CTAs."""
     from workers import builder
 
     wl = make_workload("matmul", dict(M=4096, N=4096, K=4096, dtype="float16"))
     task = Task(wl, HOPPER)
     assert task.template.name == "cuda.wgmma"
     config = task.space.from_json(dict(warpgroups=warpgroups, slices=slices, block_n=block_n, stages=3, raster=8,
-                                       producer=producer, tiles_per_block=tiles_per_block))
+                                       producer=producer, tiles_per_block=tiles_per_block, cluster=cluster))
     assert task.check(config) is None and tir_pipeline(task.schedule(config).mod) == "tirx"
     result = builder.build_one(json.dumps(task.to_json()), config.index, str(tmp_path))
     assert result.ok, result.error
@@ -572,6 +587,10 @@ def test_cuda_wgmma_kernel_builds_as_the_farm_builds_it(tmp_path: Path, warpgrou
     assert "cp.async.bulk.tensor.2d" in source
     # A persistent block loops over its tiles of C (the loop TVM keeps as the script's `t`).
     assert ("for (int t = 0; t < " in source) == (tiles_per_block > 1)
+    # A cluster: B arrives by multicast, the consumers arrive on the other CTA's barriers too, and the
+    # module launches clusters (TVM's launch tag for them).
+    assert ("multicast::cluster" in source) == ("mapa.shared::cluster" in source) == (cluster > 1)
+    assert (b"clusterCtaIdx" in _exported(lib, tmp_path)) == (cluster > 1)
     ptxas = builder._nvcc(source, HOPPER.arch, tmp_path / "again").stderr
     assert "0 bytes stack frame" in ptxas, ptxas
     # ptxas serialises the wgmmas (a wait after each) where it cannot prove their accumulators

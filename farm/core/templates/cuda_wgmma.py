@@ -34,6 +34,11 @@ persistent tile scheduling or thread-block clusters:
   stalls the tensor cores between tiles. The grid is then the tiles / `tiles_per_block`, block b
   taking tiles b, b + grid, ... (at any moment the blocks work on neighbouring tiles, as one
   launch of one tile per block would);
+- with `cluster` 2, CTAs go in thread-block clusters of two that compute two tiles of C one
+  above the other: each loads its own A rows, but only half of the B tile they share, which TMA
+  multicasts into both CTAs' shared memory (half of B's traffic from L2, as CUTLASS's 2x1
+  clusters). A stage is refilled once the consumers of both CTAs are done with it: each
+  consumer warp arrives on both CTAs' empty barriers (remote arrives through `mapa`);
 - the tile order is grouped by `raster` block rows (neighbouring tiles share A and B tiles in
   L2), and the accumulators go straight from registers to C as half2 stores.
 
@@ -62,6 +67,7 @@ BLOCK_N = (64, 128, 192, 256)  # wgmma's N (multiples of 8 up to 256; whole 64-c
 STAGES = (2, 3, 4, 5, 6)
 RASTER = (1, 4, 8, 16)
 TILES_PER_BLOCK = (1, 2, 4, 8)  # 4096^3 at 128x256: 512 tiles, 128 blocks of 4 fill 132 SMs once
+CLUSTER = (1, 2)  # CTAs per thread-block cluster (along M: they share B)
 # 128-byte swizzle, in the encodings of CUtensorMapSwizzle and of TVM's descriptor helper.
 SWIZZLE_128B = 3
 L2_PROMOTION_128B = 2  # CU_TENSOR_MAP_L2_PROMOTION_L2_128B
@@ -83,6 +89,8 @@ class CudaWgmma(Template, name="cuda.wgmma", kind="cuda", workloads=("matmul",))
             ChoiceKnob("producer", [0, 1]),  # a warpgroup of its own loads the tiles (1)
             # > 1: persistent blocks. Added after the first exports, which meant 1.
             ChoiceKnob("tiles_per_block", list(TILES_PER_BLOCK), default=1),
+            # 2: CTA pairs that share their B tiles through TMA multicast. Added later, like the above.
+            ChoiceKnob("cluster", list(CLUSTER), default=1),
         ])
 
     def check(self, wl: Workload, target: TargetSpec, config: Config) -> str | None:
@@ -95,15 +103,19 @@ class CudaWgmma(Template, name="cuda.wgmma", kind="cuda", workloads=("matmul",))
         m, n, k = wl.p["M"], wl.p["N"], wl.p["K"]
         if m % rows or n % cols:
             return f"a {rows}x{cols} block tile does not divide the {m}x{n} output"
-        tiles, per_block = m // rows * (n // cols), config["tiles_per_block"]
-        if per_block > 1 and not config["producer"]:
-            return "tiles_per_block > 1 needs producer=1 (the producer runs on into the next tile)"
+        per_block, cluster = config["tiles_per_block"], config["cluster"]
+        if (per_block > 1 or cluster > 1) and not config["producer"]:
+            return "tiles_per_block > 1 and clusters need producer=1 (a producer warpgroup paces the loads)"
+        if (m // rows) % cluster:
+            return f"clusters of {cluster} block rows do not divide the {m // rows} block rows"
+        cluster_rows = m // rows // cluster
+        tiles = cluster_rows * (n // cols)  # of clusters
         if per_block > tiles:
-            return f"tiles_per_block={per_block} > the {tiles} tiles of C"
-        if (blocks := -(-tiles // per_block)) > CUDA_MAX_GRID_DIM["x"]:
+            return f"tiles_per_block={per_block} > the {tiles} tiles of C per CTA of a cluster"
+        if (blocks := -(-tiles // per_block) * cluster) > CUDA_MAX_GRID_DIM["x"]:
             return f"blockIdx.x extent {blocks} > {CUDA_MAX_GRID_DIM['x']}"
-        if (m // rows) % min(config["raster"], m // rows):
-            return f"groups of {config['raster']} block rows do not divide the {m // rows} block rows"
+        if cluster_rows % min(config["raster"], cluster_rows):
+            return f"groups of {config['raster']} rows do not divide the {cluster_rows} rows of cluster tiles"
         if (accumulators := config["slices"] * cols // 2) > MAX_ACCUMULATORS:
             return f"{accumulators} accumulators per thread > {MAX_ACCUMULATORS}"
         if config["stages"] > k // TILE_K:
@@ -141,15 +153,23 @@ def _kernel(M: int, N: int, K: int, config: Config) -> Any:
     acc_n = bn // 2  # accumulators per thread and slice
     atoms = bn // ATOM_N
     k_tiles = K // TILE_K
+    cluster, per_block = config["cluster"], config["tiles_per_block"]
     blocks_m, blocks_n = M // bm, N // bn
-    total = blocks_m * blocks_n  # tiles of C
-    per_block = config["tiles_per_block"]
-    grid = -(-total // per_block)
-    group = min(config["raster"], blocks_m)
-    width = group * blocks_n  # tiles in one group of `group` tile rows
+    # The unit of work is a cluster's tile: `cluster` tiles of C one above the other, which share
+    # their B tiles. Each CTA of the cluster computes one of them (its `rank`-th).
+    rows = blocks_m // cluster  # rows of cluster tiles
+    total = rows * blocks_n  # cluster tiles
+    grid = -(-total // per_block)  # clusters
+    group = min(config["raster"], rows)
+    width = group * blocks_n  # cluster tiles in one group of `group` rows
     a_tile, b_tile = bm * TILE_K, bn * TILE_K  # halves per stage
     b_base = stages * a_tile  # the B tiles follow the A tiles in the one dynamic buffer
-    tile_bytes = (a_tile + b_tile) * 2
+    b_rows = TILE_K // cluster  # rows of each B atom one CTA loads, for every CTA of its cluster
+    everyone = (1 << cluster) - 1  # the multicast's CTA mask
+    tile_bytes = (a_tile + b_tile) * 2  # what lands in each CTA per stage
+    # A stage is free once every consumer warp of every CTA of the cluster is done with it (each
+    # CTA's producer writes into all of them): lane 0 of each arrives on each CTA's empty barrier.
+    releases = consumers // 32 * cluster
     wgmma = f"wgmma.mma_async.sync.aligned.m64n{bn}k16.f32.f16.f16"
     tma = "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
     # Descriptor strides, in the 16-byte units they are encoded in. A (K-major, 128-byte swizzle):
@@ -158,45 +178,66 @@ def _kernel(M: int, N: int, K: int, config: Config) -> Any:
     a_lead, a_stride = 1, 1024 // 16
     b_lead, b_stride = TILE_K * 128 // 16, 1024 // 16
 
-    # A block's t-th tile of C is tile t * grid + pid; `it` = t * k_tiles + k counts a block's
-    # reduction tiles across its tiles of C: the stage (it % stages) and the barriers' phases
-    # (it // stages) run on from one tile of C to the next.
+    # A cluster's t-th cluster tile is t * grid + its index; `it` = t * k_tiles + k counts a
+    # block's reduction tiles across its tiles of C: the stage (it % stages) and the barriers'
+    # phases (it // stages) run on from one tile of C to the next.
 
     # fmt: off
     @T.macro
-    def load(smem, bars, a_map, b_map, block_m, block_n, k, stage):
-        # (one thread) reduction tile k of A and B into `stage`, arriving on its full barrier with
-        # the bytes to expect
+    def load(smem, bars, a_map, b_map, u, k, stage, rank):
+        # (one thread per CTA) reduction tile k of cluster tile u into `stage`: the CTA's own A
+        # rows, and its share of B's rows for every CTA of the cluster; it arrives on its full
+        # barrier with the bytes to expect (its own A, and all of B from the whole cluster)
         T.ptx.mbarrier.arrive.expect_tx.shared.b64(T.address_of(bars[stage]), T.uint32(tile_bytes))
-        T.ptx[tma](T.address_of(smem[stage * a_tile]), T.address_of(a_map), k * TILE_K, block_m * bm,
-                   T.address_of(bars[stage]))
+        T.ptx[tma](T.address_of(smem[stage * a_tile]), T.address_of(a_map), k * TILE_K,
+                   ((u // width * group + u % width % group) * cluster + rank) * bm, T.address_of(bars[stage]))
         for atom in T.unroll(atoms):
-            T.ptx[tma](T.address_of(smem[b_base + stage * b_tile + atom * TILE_K * ATOM_N]),
-                       T.address_of(b_map), block_n * bn + atom * ATOM_N, k * TILE_K,
-                       T.address_of(bars[stage]))
+            if cluster == 1:
+                T.ptx[tma](T.address_of(smem[b_base + stage * b_tile + atom * TILE_K * ATOM_N]), T.address_of(b_map),
+                           u % width // group * bn + atom * ATOM_N, k * TILE_K, T.address_of(bars[stage]))
+            else:
+                T.ptx[tma + ".multicast::cluster"](
+                    T.address_of(smem[b_base + stage * b_tile + atom * TILE_K * ATOM_N + rank * b_rows * ATOM_N]),
+                    T.address_of(b_map), u % width // group * bn + atom * ATOM_N, k * TILE_K + rank * b_rows,
+                    T.address_of(bars[stage]), T.uint16(everyone))
 
     @T.macro
-    def produce(smem, bars, a_map, b_map, pid):
+    def release(bars, remote, stage, tx, rank):
+        # (every consumer thread, its warpgroup past wgmma.wait_group) this warp is done with `stage`
+        if tx % 32 == 0:
+            if cluster == 1:
+                T.ptx.mbarrier.arrive.shared.b64(T.address_of(bars[stages + stage]))
+            else:  # its own CTA's barrier (a shared::cta address is one of the cluster's), then the other's
+                T.ptx.mbarrier.arrive.release.cluster.shared__cluster.b64(T.address_of(bars[stages + stage]))
+                T.ptx.mapa.shared__cluster.u32(
+                    remote[0], T.cuda.cvta_generic_to_shared(T.address_of(bars[stages + stage])), T.uint32(1 - rank))
+                T.ptx.mbarrier.arrive.release.cluster.shared__cluster.b64(remote[0])
+
+    @T.macro
+    def produce(smem, bars, a_map, b_map, c, rank):
         # (one thread of the producer warpgroup) every reduction tile of the block's tiles of C,
-        # each once every consumer is done with its stage's previous tile
+        # each once the whole cluster is done with its stage's previous tile
         for t in T.serial(per_block):
-            u = T.meta_var(t * grid + pid)
+            u = T.meta_var(t * grid + c)
             if u < total:
                 for k in T.serial(k_tiles):
                     it = T.meta_var(t * k_tiles + k)
                     if it >= stages:
-                        T.cuda.mbarrier_wait(T.address_of(bars[stages + it % stages]), (it // stages - 1) % 2)
-                    load(smem, bars, a_map, b_map, u // width * group + u % width % group, u % width // group,
-                         k, it % stages)
+                        if cluster == 1:
+                            T.cuda.mbarrier_wait(T.address_of(bars[stages + it % stages]), (it // stages - 1) % 2)
+                        else:
+                            T.cuda.mbarrier_wait_acquire_cluster(T.address_of(bars[stages + it % stages]),
+                                                                 (it // stages - 1) % 2)
+                    load(smem, bars, a_map, b_map, u, k, it % stages, rank)
 
     @T.macro
-    def consume(smem, bars, a_map, b_map, acc, desc, C, pid, tx, warpgroup):
+    def consume(smem, bars, remote, a_map, b_map, acc, desc, C, c, rank, tx, warpgroup):
         # (every consumer thread) per tile of C, the reduction, tile by tile as the full barriers
         # complete, then the write-out
         for t in T.serial(per_block):
-            u = T.meta_var(t * grid + pid)
+            u = T.meta_var(t * grid + c)
             if u < total:
-                block_m = T.meta_var(u // width * group + u % width % group)
+                block_m = T.meta_var((u // width * group + u % width % group) * cluster + rank)
                 block_n = T.meta_var(u % width // group)
                 for i in T.unroll(slices * acc_n):
                     acc[i] = T.float32(0)
@@ -221,25 +262,25 @@ def _kernel(M: int, N: int, K: int, config: Config) -> Any:
                     T.ptx.wgmma.commit_group.sync.aligned()
                     T.ptx.wgmma.wait_group.sync.aligned(1)  # this warpgroup is done with tile k - 1
                     if producer == 1:
-                        if k >= 1:  # tell the producer (the empty barrier counts every consumer thread)
-                            T.ptx.mbarrier.arrive.shared.b64(T.address_of(bars[stages + (it - 1) % stages]))
+                        if k >= 1:
+                            release(bars, remote, (it - 1) % stages, tx, rank)
                     else:
                         T.cuda.cta_sync()  # ... and so is every warpgroup: thread 0 reloads its stage
                         if tx == 0 and k >= 1 and k - 1 + stages < k_tiles:
-                            load(smem, bars, a_map, b_map, block_m, block_n, k - 1 + stages, (k - 1) % stages)
+                            load(smem, bars, a_map, b_map, u, k - 1 + stages, (k - 1) % stages, rank)
                 T.ptx.wgmma.wait_group.sync.aligned(0)
                 if producer == 1:  # the last reduction tile's stage, free for the next tile of C
-                    T.ptx.mbarrier.arrive.shared.b64(T.address_of(bars[stages + (t * k_tiles + k_tiles - 1) % stages]))
+                    release(bars, remote, (t * k_tiles + k_tiles - 1) % stages, tx, rank)
                 # The m64nNk16 accumulator layout: warp w of a warpgroup holds rows 16w + lane / 4
                 # (+ 8), columns 8j + 2 (lane % 4) (+ 1), as registers 4j + (0, 1) and (2, 3).
                 for s in T.unroll(slices):
                     for j in T.unroll(bn // 8):
                         for half in T.unroll(2):
-                            for c in T.vectorized(2):
+                            for c2 in T.vectorized(2):
                                 C[block_m * bm + (warpgroup * slices + s) * SLICE + tx % WARPGROUP // 32 * 16
                                   + tx % 32 // 4 + half * 8,
-                                  block_n * bn + j * 8 + tx % 4 * 2 + c] = T.Cast(
-                                    "float16", acc[s * acc_n + j * 4 + half * 2 + c])
+                                  block_n * bn + j * 8 + tx % 4 * 2 + c2] = T.Cast(
+                                    "float16", acc[s * acc_n + j * 4 + half * 2 + c2])
 
     @T.prim_func
     def main(a_handle: T.handle, b_handle: T.handle, c_handle: T.handle) -> None:
@@ -254,37 +295,48 @@ def _kernel(M: int, N: int, K: int, config: Config) -> Any:
                       TILE_K, bm, 1, 1, 0, SWIZZLE_128B, L2_PROMOTION_128B, 0)
         b_map: T.let[T.handle("tensormap")] = T.tvm_stack_alloca("tensormap", 1)
         T.call_packed("runtime.cuTensorMapEncodeTiled", b_map, "float16", 2, B.data, N, K, N * 2,
-                      ATOM_N, TILE_K, 1, 1, 0, SWIZZLE_128B, L2_PROMOTION_128B, 0)
+                      ATOM_N, b_rows, 1, 1, 0, SWIZZLE_128B, L2_PROMOTION_128B, 0)
 
         T.device_entry()
-        pid = T.cta_id([grid])
+        if cluster > 1:  # a cluster launch: CTAs 2c and 2c + 1 are cluster c's ranks 0 and 1
+            T.cta_id_in_cluster([cluster])
+        pid = T.cta_id([grid * cluster])
+        # The rank in the cluster, as CUDA numbers a 1-D cluster's CTAs (%cluster_ctarank is the same,
+        # but read through a volatile asm at each use, which costs registers that spill)
+        rank = T.meta_var(pid % cluster)
         tx = T.thread_id([threads])
         smem = T.alloc_buffer((stages * (a_tile + b_tile),), "float16", scope="shared.dyn", align=1024)
         # A full barrier per stage (TMA's bytes landed), then, with a producer, an empty one (every
-        # consumer is done with the stage).
+        # consumer warp of the cluster is done with the stage).
         bars = T.alloc_buffer((2 * stages,), "uint64", scope="shared", align=8)
         acc = T.alloc_buffer((slices * acc_n,), "float32", scope="local")
         desc = T.alloc_buffer((2,), "uint64", scope="local")  # A's and B's matrix descriptors
+        remote = T.alloc_buffer((1,), "uint32", scope="local")  # an empty barrier in a CTA of the cluster
 
         if tx == 0:
             for s in T.unroll(stages):
                 T.ptx.mbarrier.init.shared.b64(T.address_of(bars[s]), T.uint32(1))
-                T.ptx.mbarrier.init.shared.b64(T.address_of(bars[stages + s]), T.uint32(consumers))
+                T.ptx.mbarrier.init.shared.b64(T.address_of(bars[stages + s]), T.uint32(releases))
         T.ptx.fence.proxy.async_.shared__cta()  # the barriers, initialised, before TMA uses them
-        T.cuda.cta_sync()
+        if cluster > 1:  # ... and before the other CTAs of the cluster multicast or arrive on them
+            T.ptx.fence.mbarrier_init.release.cluster()
+            T.cuda.cluster_sync()
+        else:
+            T.cuda.cta_sync()
         if producer == 1:
             # Warpgroup 0 produces (its thread 0 issues every load); the other warpgroups consume.
             if tx < WARPGROUP:
                 if tx == 0:
-                    produce(smem, bars, a_map, b_map, pid)
+                    produce(smem, bars, a_map, b_map, pid // cluster, rank)
             else:
-                consume(smem, bars, a_map, b_map, acc, desc, C, pid, tx, tx // WARPGROUP - 1)
+                consume(smem, bars, remote, a_map, b_map, acc, desc, C, pid // cluster, rank, tx, tx // WARPGROUP - 1)
         else:
-            if tx == 0:  # one tile of C per block (check): its first `stages` reduction tiles
+            if tx == 0:  # one tile of C per block, no cluster (check): its first `stages` reduction tiles
                 for s in T.unroll(stages):
-                    load(smem, bars, a_map, b_map, pid // width * group + pid % width % group, pid % width // group,
-                         s, s)
-            consume(smem, bars, a_map, b_map, acc, desc, C, pid, tx, tx // WARPGROUP)
+                    load(smem, bars, a_map, b_map, pid, s, s, rank)
+            consume(smem, bars, remote, a_map, b_map, acc, desc, C, pid, rank, tx, tx // WARPGROUP)
+        if cluster > 1:  # no CTA leaves while the others may still multicast into it or arrive on it
+            T.cuda.cluster_sync()
     # fmt: on
 
     return main
