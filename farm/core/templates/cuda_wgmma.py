@@ -6,8 +6,8 @@ TVM 0.27's s_tir schedules cannot express wgmma (its tensor intrinsics stop at W
 ``mma.sync``); its TIRx script can: the kernel is written in it, with TIRx's PTX operations
 (``T.ptx``: TMA copies, mbarriers, ``wgmma.mma_async``) and matrix descriptors, and lowered by
 TVM's ``tirx`` pipeline (`base.TIR_PIPELINE_ATTR`). It has the structure of CUTLASS's Hopper
-GEMMs (TMA, an mbarrier pipeline, wgmma; warp-specialised or not, as a knob), without their
-persistent tile scheduling or thread-block clusters:
+GEMMs (TMA, an mbarrier pipeline, wgmma; warp-specialised or not, persistent or not, in
+clusters of two CTAs or one, as knobs), without their stream-K scheduling or ping-pong consumers:
 
 - a block computes a (64 x warpgroups x slices) x `block_n` tile of C. Each of its `warpgroups`
   warpgroups (128 threads) owns `slices` m64 row slices and issues, per 16-deep step of the
