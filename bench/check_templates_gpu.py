@@ -17,10 +17,12 @@ matmuls whose sizes are multiples of 64 on Hopper's wgmma (cuda.wgmma) instead o
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 from kernels_vs_vendor import parse_case
 
@@ -48,6 +50,15 @@ EXTRA_CASES = [
     ("depthwise_conv2d_nchw", dict(N=2, C=8, H=15, W=17, KH=3, KW=3, stride=2, pad=1, multiplier=2)),
     ("pool2d", dict(N=2, C=3, H=15, W=17, KH=3, KW=3, stride=2, pad=1, kind="avg")),
 ]
+
+
+def shared_values(configs: list[dict[str, Any]]) -> str:
+    """The knob values every one of `configs` has, as "knob=value, ...": what a group of failures
+    has in common, the first suspect for their cause ("" for one config or none shared)."""
+    if len(configs) < 2:
+        return ""
+    common = {k: v for k, v in configs[0].items() if all(c.get(k) == v for c in configs[1:])}
+    return ", ".join(f"{k}={json.dumps(v)}" for k, v in sorted(common.items()))
 
 
 def main() -> None:
@@ -79,13 +90,18 @@ def main() -> None:
         wrong += counts["wrong_result"]
         fastest = mine["latency"].min() * 1e6 if counts["ok"] else float("nan")
         print(f"{workload_from_json(task['workload'])}: {dict(counts)}, fastest {fastest:.2f} µs")
-        for _, row in mine[mine["status"] == "wrong_result"].iterrows():
+        wrongs = mine[mine["status"] == "wrong_result"]
+        for _, row in wrongs.iterrows():
             print(f"  wrong result: {row['config']} {row['error']}")
+        if common := shared_values(list(wrongs["config"])):
+            print(f"  every wrong result has {common}")
         # Other failures are data, but a template that often fails to build or run wastes trials:
-        # each distinct error once, with its count and one config that hit it.
+        # each distinct error once, with its count, one config that hit it and what all of them share.
         failed = mine[~mine["status"].isin(["ok", "wrong_result"])]
         for (outcome, error), rows in failed.groupby(["status", failed["error"].fillna("").str[:160]]):
-            print(f"  {outcome} x{len(rows)}: {error} (e.g. {rows.iloc[0]['config']})")
+            common = shared_values(list(rows["config"]))
+            print(f"  {outcome} x{len(rows)}: {error} (e.g. {rows.iloc[0]['config']}"
+                  + (f"; all have {common})" if common else ")"))
     print(f"job {status}: {len(trials)} candidates in {seconds:.0f} s; {wrong} wrong result(s)")
     sys.exit(1 if wrong or status != "done" else 0)
 
