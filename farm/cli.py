@@ -112,6 +112,7 @@ def tune(
     from farm.core.jobspec import JobRequest
     from farm.core.targets import parse_target
     from farm.core.task import Task
+    from farm.core.templates import arch_specific_hint
     from farm.core.tvm_import import import_tvm
     from workers.device import gpu_count
 
@@ -138,6 +139,8 @@ def tune(
         task = Task(wl, spec)
         console.print(f"job {job.id}: {task} — space of {task.space.size:,} configs ({task.template.name}), "
                       f"{trials} trials on {workers} {spec.kind} worker(s)", markup=False, highlight=False)
+        if hint := arch_specific_hint(wl, spec):
+            console.print(hint, markup=False, highlight=False)
         try:
             job.wait(progress=True)
         except KeyboardInterrupt:

@@ -21,7 +21,7 @@ import tvm
 from farm.core.space import Config
 from farm.core.targets import TargetSpec, parse_target
 from farm.core.task import Task
-from farm.core.templates import TEMPLATES, Template, get_template
+from farm.core.templates import TEMPLATES, Template, arch_specific_hint, get_template
 from farm.core.templates.base import new_schedule, tir_pipeline
 from farm.core.templates.verify import verify_gpu
 from farm.core.workloads import PRESETS, Workload, make_workload
@@ -291,6 +291,18 @@ def test_every_workload_has_a_template_per_kind() -> None:
     assert get_template(make_workload("matmul", dict(M=128, N=32, K=64, dtype="float16")), HOPPER).name \
         == "cuda.tensorcore"
     assert get_template(make_workload("matmul", dict(M=128, N=64, K=64)), HOPPER).name == "cuda.tiled"
+
+
+def test_a_hint_names_the_arch_specific_target_where_it_changes_the_template() -> None:
+    """`farm tune` of a float16 matmul on plain cuda (sm_90, WMMA) says which target puts it on
+    wgmma; nothing where the template would not change, or the target is sm_90a already."""
+    fp16 = make_workload("matmul", dict(M=4096, N=4096, K=4096, dtype="float16"))
+    hint = arch_specific_hint(fp16, CUDA) or ""
+    assert "--target '{\"kind\": \"cuda\", \"arch\": \"sm_90a\"}'" in hint
+    assert "cuda.wgmma instead of cuda.tensorcore" in hint
+    assert parse_target(json.loads(hint.split("'")[1])) == HOPPER  # the hint's target is a valid one
+    assert arch_specific_hint(make_workload("matmul", dict(M=4096, N=4096, K=4096)), CUDA) is None
+    assert arch_specific_hint(fp16, HOPPER) is None and arch_specific_hint(fp16, "llvm") is None
 
 
 def test_cuda_wgmma_persistent_blocks_and_clusters_need_a_producer_and_enough_tiles() -> None:

@@ -30,4 +30,23 @@ def get_template(workload: Workload, target: TargetSpec | str) -> Template:
     raise FarmError(f"no {spec.kind} template for workload {workload.name!r}")
 
 
-__all__ = ["TEMPLATES", "Template", "get_template"]
+# Arch-specific variants (CUDA's "a" suffix) that unlock a template the portable arch cannot use:
+# sm_90a's wgmma. A target asks for them itself, since their kernels run on that one arch only.
+ARCH_SPECIFIC = {"sm_90": "sm_90a"}
+
+
+def arch_specific_hint(workload: Workload, target: TargetSpec | str) -> str | None:
+    """One line for the user where `target`'s arch-specific variant would tune `workload` with
+    another template (a float16 matmul on sm_90 gets WMMA, on sm_90a wgmma); None otherwise."""
+    spec = parse_target(target)
+    variant = ARCH_SPECIFIC.get(spec.arch) if spec.kind == "cuda" else None
+    if variant is None:
+        return None
+    current, better = get_template(workload, spec), get_template(workload, parse_target({**spec.doc, "arch": variant}))
+    if better.name == current.name:
+        return None
+    return (f"hint: --target '{{\"kind\": \"cuda\", \"arch\": \"{variant}\"}}' tunes this kernel with "
+            f"{better.name} instead of {current.name} (kernels built for {variant} run on {spec.arch} GPUs alone)")
+
+
+__all__ = ["ARCH_SPECIFIC", "TEMPLATES", "Template", "arch_specific_hint", "get_template"]
