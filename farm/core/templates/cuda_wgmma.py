@@ -172,6 +172,10 @@ def _kernel(M: int, N: int, K: int, config: Config) -> Any:
     releases = consumers // 32 * cluster
     wgmma = f"wgmma.mma_async.sync.aligned.m64n{bn}k16.f32.f16.f16"
     tma = "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+    # B's loads: plain, or multicast to every CTA of the cluster (with its CTA mask); and the wait
+    # for an empty barrier, at cluster scope where the other CTA's consumers arrive on it.
+    b_load, b_mask = (tma, []) if cluster == 1 else (tma + ".multicast::cluster", [T.uint16(everyone)])
+    wait_empty = T.cuda.mbarrier_wait if cluster == 1 else T.cuda.mbarrier_wait_acquire_cluster
     # Descriptor strides, in the 16-byte units they are encoded in. A (K-major, 128-byte swizzle):
     # 8-row core groups 1024 bytes apart (the leading offset is unused). B (N-major, read
     # transposed): 8-row core groups 1024 bytes apart, 64-column atoms TILE_K rows of 128 bytes apart.
@@ -182,6 +186,13 @@ def _kernel(M: int, N: int, K: int, config: Config) -> Any:
     # block's reduction tiles across its tiles of C: the stage (it % stages) and the barriers'
     # phases (it // stages) run on from one tile of C to the next.
 
+    def tile_row(u: Any) -> Any:
+        """Cluster tile u's row: tiles go in groups of `group` rows, column by column in a group."""
+        return u // width * group + u % width % group
+
+    def tile_col(u: Any) -> Any:
+        return u % width // group
+
     # fmt: off
     @T.macro
     def load(smem, bars, a_map, b_map, u, k, stage, rank):
@@ -190,16 +201,11 @@ def _kernel(M: int, N: int, K: int, config: Config) -> Any:
         # barrier with the bytes to expect (its own A, and all of B from the whole cluster)
         T.ptx.mbarrier.arrive.expect_tx.shared.b64(T.address_of(bars[stage]), T.uint32(tile_bytes))
         T.ptx[tma](T.address_of(smem[stage * a_tile]), T.address_of(a_map), k * TILE_K,
-                   ((u // width * group + u % width % group) * cluster + rank) * bm, T.address_of(bars[stage]))
+                   (tile_row(u) * cluster + rank) * bm, T.address_of(bars[stage]))
         for atom in T.unroll(atoms):
-            if cluster == 1:
-                T.ptx[tma](T.address_of(smem[b_base + stage * b_tile + atom * TILE_K * ATOM_N]), T.address_of(b_map),
-                           u % width // group * bn + atom * ATOM_N, k * TILE_K, T.address_of(bars[stage]))
-            else:
-                T.ptx[tma + ".multicast::cluster"](
-                    T.address_of(smem[b_base + stage * b_tile + atom * TILE_K * ATOM_N + rank * b_rows * ATOM_N]),
-                    T.address_of(b_map), u % width // group * bn + atom * ATOM_N, k * TILE_K + rank * b_rows,
-                    T.address_of(bars[stage]), T.uint16(everyone))
+            T.ptx[b_load](T.address_of(smem[b_base + stage * b_tile + atom * TILE_K * ATOM_N + rank * b_rows * ATOM_N]),
+                          T.address_of(b_map), tile_col(u) * bn + atom * ATOM_N, k * TILE_K + rank * b_rows,
+                          T.address_of(bars[stage]), *b_mask)
 
     @T.macro
     def release(bars, remote, stage, tx, rank):
@@ -223,11 +229,7 @@ def _kernel(M: int, N: int, K: int, config: Config) -> Any:
                 for k in T.serial(k_tiles):
                     it = T.meta_var(t * k_tiles + k)
                     if it >= stages:
-                        if cluster == 1:
-                            T.cuda.mbarrier_wait(T.address_of(bars[stages + it % stages]), (it // stages - 1) % 2)
-                        else:
-                            T.cuda.mbarrier_wait_acquire_cluster(T.address_of(bars[stages + it % stages]),
-                                                                 (it // stages - 1) % 2)
+                        wait_empty(T.address_of(bars[stages + it % stages]), (it // stages - 1) % 2)
                     load(smem, bars, a_map, b_map, u, k, it % stages, rank)
 
     @T.macro
@@ -237,8 +239,8 @@ def _kernel(M: int, N: int, K: int, config: Config) -> Any:
         for t in T.serial(per_block):
             u = T.meta_var(t * grid + c)
             if u < total:
-                block_m = T.meta_var((u // width * group + u % width % group) * cluster + rank)
-                block_n = T.meta_var(u % width // group)
+                block_m = T.meta_var(tile_row(u) * cluster + rank)
+                block_n = T.meta_var(tile_col(u))
                 for i in T.unroll(slices * acc_n):
                     acc[i] = T.float32(0)
                 for k in T.serial(k_tiles):
