@@ -24,11 +24,12 @@
 #   kernels     bench/kernels_vs_vendor.py: KERNEL_CASES (;-separated) tuned KERNEL_TRIALS trials,
 #               KERNEL_SEEDS seeds each, best kernels re-timed side by side with PyTorch; one run per
 #               case (OUTDIR/kernels-CASE.json), so a case's figures stand whatever the next one does;
-#               KERNEL_TARGET (default cuda) is farm tune's --target for kernels, rekernels and ncu
+#               KERNEL_TARGET (default cuda) is farm tune's --target for kernels and rekernels
 #   rekernels   bench/kernels_vs_vendor.py --retime --allow-stale: KERNEL_CASES' exports of an earlier run
 #               in KERNELS_DIR (seeds 0 .. KERNEL_SEEDS-1) rebuilt by the current templates and timed again
 #   ncu         Nsight Compute on NCU_CASE's seed-0 export in KERNELS_DIR and on PyTorch's kernel for it:
-#               the first NCU_LAUNCHES kernels of a retime (PyTorch's reference, then the farm's kernel)
+#               the first NCU_LAUNCHES kernels of a retime (PyTorch's reference, then the farm's kernel);
+#               NCU_TARGET (default KERNEL_TARGET) is the export's target
 #   bash bench/gpu_session.sh OUTDIR [STEP ...]      (TRIALS=300, MS_TRIALS=128 by default)
 # OUTDIR/DONE appears when every step has ended (for a session run in the background and
 # collected by bench/gpu_collect.sh).
@@ -113,7 +114,7 @@ for s in $STEPS; do
          step "ncu-$name" 600 ncu --clock-control none --launch-count "${NCU_LAUNCHES:-6}" --section SpeedOfLight \
            --section Occupancy --section LaunchStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
            --section WarpStateStats --section SchedulerStats python3 bench/kernels_vs_vendor.py --case="$NCU_CASE" \
-           --seeds 1 --target "${KERNEL_TARGET:-cuda}" --retime --allow-stale --out "${KERNELS_DIR:?}" ;;
+           --seeds 1 --target "${NCU_TARGET:-${KERNEL_TARGET:-cuda}}" --retime --allow-stale --out "${KERNELS_DIR:?}" ;;
     *) echo "unknown step $s" >&2 ;;
   esac
 done
