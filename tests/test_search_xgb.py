@@ -73,10 +73,30 @@ def test_contract_on_a_large_space_with_and_without_a_model(resnet_cuda: tuple[T
         assert all(task.check(task.space.get(i)) is None for i in proposed)
 
 
-def test_without_a_model_it_is_random_search_with_the_same_seed() -> None:
-    task = Task(make_workload("seed-depthwise"), parse_target("cuda"))
+@pytest.mark.parametrize("workload", ["seed-depthwise", "resnet-last-conv"])  # a permuted shard, a sampled one
+def test_without_a_model_it_is_random_search_with_the_same_seed_kept_to_quick_builds(workload: str) -> None:
+    """Unguided, it proposes RandomSearch's configs in RandomSearch's order, those without
+    unrolling only (QUICK_BUILD); once the shard has none left, the others."""
+    task = Task(make_workload(workload), parse_target("cuda"))
     shard = task.space.shards(2)[1]
-    assert XGBSearch(task, shard, seed=7).propose(20) == RandomSearch(task, shard, seed=7).propose(20)
+    quick = [i for i in RandomSearch(task, shard, seed=7).propose(200)
+             if task.space.get(i)["auto_unroll_max_step"] == 0]
+    search = XGBSearch(task, shard, seed=7)
+    first = search.propose(10) + search.propose(10)
+    assert len(quick) >= 20 and first == quick[:20]
+
+
+def test_unguided_proposals_go_on_when_no_quick_building_config_is_left() -> None:
+    task = Task(make_workload("matmul", dict(M=4, N=2, K=2)), parse_target("cuda"))
+    shard = task.space.shards(1)[0]
+    valid = [i for i in shard if task.check(task.space.get(i)) is None]
+    quick = [i for i in valid if task.space.get(i)["auto_unroll_max_step"] == 0]
+    assert 0 < len(quick) < len(valid)
+    search = XGBSearch(task, shard, seed=3)
+    first = search.propose(len(quick))
+    assert sorted(first) == quick
+    # The configs refused meanwhile stay in the shard's random order: every one comes out once.
+    assert sorted(first + search.propose(len(valid))) == valid
 
 
 def test_exhausts_a_small_shard_exactly_once() -> None:

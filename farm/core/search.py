@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import random
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
@@ -25,7 +25,7 @@ import numpy as np
 from farm.core.errors import FarmError
 from farm.core.features import Featurizer, featurizer
 from farm.core.measure import MeasureResult
-from farm.core.space import Knob, Shard, SplitKnob
+from farm.core.space import Config, Knob, KnobValue, Shard, SplitKnob
 from farm.core.task import Task
 
 if TYPE_CHECKING:
@@ -33,6 +33,14 @@ if TYPE_CHECKING:
 
 # Random proposals that fail the validity check before a shard counts as exhausted.
 _MAX_REJECTS = 20_000
+# Knob values that make a candidate compile quickly, which the model-guided search keeps to until
+# it has a model: those first proposals are unguided (nothing yet says an unrolled config will be
+# faster), and the devices wait for their builds. Unrolling is what makes a build slow, and every
+# template that unrolls names its knob so (templates.base.annotate_unroll): 60 random valid configs
+# of resnet-last-conv for cuda, built one at a time on a 2-core machine, took 0.6 s on average
+# (1.1 s at most) without unrolling and 1.0 to 3.3 s with it (up to 23 s). The first model's
+# proposals range over every value again.
+QUICK_BUILD: dict[str, KnobValue] = {"auto_unroll_max_step": 0}
 
 
 class SearchStrategy(ABC):
@@ -77,22 +85,34 @@ class RandomSearch(SearchStrategy):
         self._order: list[int] | None = None  # a full permutation, for shards small enough
 
     def propose(self, n: int) -> list[int]:
+        return self._draw(n)
+
+    def _draw(self, n: int, keep: Callable[[Config], bool] | None = None) -> list[int]:
+        """Up to `n` new valid configs in this search's random order; with `keep`, only those it
+        accepts, the others left to be drawn later (the next draws without `keep` take them first)."""
         size = self.shard.size
         if size <= 200_000:
             if self._order is None:
                 self._order = list(range(size))
                 self.rng.shuffle(self._order)
-            out = []
+            out, refused = [], []
             while self._order and len(out) < n:
-                index = self.shard.index(self._order.pop())
-                if index not in self.seen and self._valid(index):
+                position = self._order.pop()
+                index = self.shard.index(position)
+                if index in self.seen:
+                    continue
+                if keep is not None and not keep(self.task.space.get(index)):
+                    refused.append(position)
+                elif self._valid(index):
                     self.seen.add(index)
                     out.append(index)
+            self._order += reversed(refused)
             return out
         out, rejects = [], 0
         while len(out) < n and rejects < _MAX_REJECTS:
             index = self.shard.index(self.rng.randrange(size))
-            if index in self.seen or not self._valid(index):
+            if index in self.seen or (keep is not None and not keep(self.task.space.get(index))) \
+                    or not self._valid(index):
                 rejects += 1
                 continue
             self.seen.add(index)
@@ -123,9 +143,10 @@ class GridSearch(SearchStrategy):
 class XGBSearch(RandomSearch):
     """Simulated annealing on the cost model's score, with random exploration.
 
-    Until `set_model` gives it a trained model it is RandomSearch with the same seed (the same
-    configs, in the same order). With one, it plans batches (again whenever a new model
-    arrives or the plan is used up):
+    Until `set_model` gives it a trained model it is RandomSearch with the same seed, keeping to
+    the configs that compile quickly (`QUICK_BUILD`) while the shard has any: it proposes the
+    configs of RandomSearch's order that have those values, in that order. With a model, it
+    plans batches (again whenever a new model arrives or the plan is used up):
 
     - `chains` annealing chains start from the best configs this shard has measured (a fifth
       of them, as MetaSchedule's evolutionary search seeds its population) and from random
@@ -156,6 +177,12 @@ class XGBSearch(RandomSearch):
         self._plan: list[int] = []
         self._measured: dict[int, float] = {}  # this shard's results: index -> latency (inf if failed)
         self._validity: dict[int, bool] = {}
+        space = task.space
+        quick = {name: value for name, value in QUICK_BUILD.items()
+                 if any(k.name == name and value in k.values for k in space.knobs)}
+        # Whether a config has the quick-building values (None: the space has none of those knobs).
+        self._quick: Callable[[Config], bool] | None = (
+            (lambda config: all(config[name] == value for name, value in quick.items())) if quick else None)
 
     @property
     def features(self) -> Featurizer:
@@ -172,8 +199,14 @@ class XGBSearch(RandomSearch):
             self._measured[r.config_index] = r.latency if r.latency is not None else math.inf
 
     def propose(self, n: int) -> list[int]:
-        if self.model is None or n <= 0:
-            return super().propose(n)
+        if n <= 0:
+            return []
+        if self.model is None:
+            out = self._draw(n, self._quick) if self._quick else []
+            if len(out) < n:  # the shard has no quick-building configs left
+                self._quick = None
+                out += self._draw(n - len(out))
+            return out
         explore = int(self._np.binomial(n, self.epsilon))
         out = super().propose(explore) if explore else []
         while len(out) < n:
