@@ -98,7 +98,8 @@ def tune(
     workers: Annotated[int | None, typer.Option(
         min=1, help="Devices to measure on (default: every GPU for cuda, 1 for llvm).")] = None,
     search: Annotated[str, typer.Option(help="Search strategy: xgb (the cost model guides simulated annealing; "
-                                        "random search until it has trained on a round), random or grid.")] = "xgb",
+                                        "until it has trained on a round, random configs that compile quickly), "
+                                        "random or grid.")] = "xgb",
     export: Annotated[Path | None, typer.Option(help="Write the best config (farm.best/1 JSON) here.")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the search.")] = 0,
     batch_size: Annotated[int, typer.Option(min=1, help="Candidates per worker per round.")] = 16,
