@@ -233,6 +233,34 @@ def test_cuda_tiled_split_k_vector_loads_and_pipelining_compile_to_what_they_say
     assert ("cp.async" in source) == (pipeline >= 2)
 
 
+def test_cuda_tiled_a_kmajor_transposes_a_in_shared_memory_and_zeroes_once() -> None:
+    """`a_kmajor` stores A's shared tile k-major, so that an 8x8 register tile refilled one k at a
+    time reads its 8 rows of A from consecutive addresses (which nvcc merges into LDS.128); the
+    accumulators are zeroed before the reduction loop, not inside it."""
+    wl = make_workload("matmul", dict(M=256, N=128, K=64))
+    template = get_template(wl, "cuda")
+    space = template.space(wl, CUDA)
+    assert space.knob("a_kmajor").values == [0, 1]
+    knobs = dict(tile_i=[2, 1, 16, 8], tile_j=[2, 1, 8, 8], tile_k=[8, 8, 1], auto_unroll_max_step=1500,
+                 unroll_explicit=1, split_k=1, fetch=4, pipeline=0)
+    shapes = {}
+    for kmajor in (0, 1):
+        config = space.from_json({**knobs, "a_kmajor": kmajor})
+        assert template.check(wl, CUDA, config) is None
+        sch = template.schedule(wl, CUDA, config)
+        shapes[kmajor] = tuple(int(x) for x in sch.get(sch.get_sblock("A_shared")).writes[0].source.shape)
+        assert verify_gpu(sch.mod, CUDA) is None
+        source = tvm.compile(sch.mod, target=CUDA.tvm()).mod.imports[0].inspect_source("")
+        loop = source.index("for (int k_0")
+        assert "compute_local_ptr[63] = 0x0p+0f" in source[:loop] and "0x0p+0f" not in source[loop:]
+    assert shapes == {0: (256, 64), 1: (64, 256)}
+    # The 8 rows of A one thread reads at one k: consecutive in the k-major tile.
+    rows = [f"A_shared_ptr[((((int)threadIdx.y) * 8) + {r})]" for r in range(1, 8)]
+    assert all(row in source for row in rows)
+    # Old exports, made before the knob, still name their configs: a_kmajor defaults to 0.
+    assert space.index({**knobs}) == space.index({**knobs, "a_kmajor": 0})
+
+
 def test_cuda_tiled_refuses_what_could_not_run() -> None:
     wl = make_workload("matmul", dict(M=64, N=66, K=64))
     template = get_template(wl, "cuda")

@@ -6,10 +6,11 @@ thread / inner, every reduction axis 3 ways into outer / middle / inner; the inp
 through shared memory at the outer reduction loop with cooperative fetching by all threads of
 the block, then through registers at the middle loop; the output accumulates in a local write
 cache; `auto_unroll_max_step` in {0, 512, 1500} and `unroll_explicit` in {0, 1} tune unrolling.
-Three knobs go beyond the tutorial: `split_k` (the first reduction axis cut into slices whose
+Four knobs go beyond the tutorial: `split_k` (the first reduction axis cut into slices whose
 partial sums a second kernel adds up), `fetch` (coalesced and vector loads into shared memory)
-and, for matmul, `pipeline` (2 to 4 shared buffers per tile, with cp.async or without: base.PIPELINE). Their
-first values (1, 0, 0) give the tutorial's kernel: for its ResNet last layer that slice of the
+and, for matmul, `pipeline` (2 to 4 shared buffers per tile, with cp.async or without:
+base.PIPELINE) and `a_kmajor` (A's shared tile stored transposed). Their first values (1, 0, 0,
+0) give the tutorial's kernel: for its ResNet last layer that slice of the
 space has exactly the tutorial's 10,454,400 configs.
 
 Spatial axes are grouped onto the z / y / x grid and thread dimensions (conv: batch and
@@ -69,6 +70,13 @@ FETCH = {"matmul": (0, 1, 2, 4)}
 FETCH_DEFAULT = (0, 1)
 # Software pipelining of the outer reduction loop (base.PIPELINE): matmul only.
 PIPELINE_OF = {"matmul": PIPELINE}
+# A's shared tile stored k-major (1) rather than as A is, row-major (0): matmul only. A thread's rows of
+# A at one k are then contiguous, so that they load as vectors (LDS.64/128, which nvcc forms from
+# the unrolled scalar loads) when the register copies are refilled one k at a time (tile_k's inner
+# factor 1) for large register tiles, the SIMT SGEMM structure of cuBLAS's kernels; row-major, they
+# are `tile_i`'s inner factor scalar loads (kernels-2026-11-25d.md). The copy into it still reads A
+# coalesced along k and stores down its columns.
+A_KMAJOR_OF = {"matmul": (0, 1)}
 # Threads per block of the kernel that adds up split-K's partial sums.
 SUM_THREADS = 256
 
@@ -83,7 +91,8 @@ class CudaTiled(Template, name="cuda.tiled", kind="cuda", workloads=tuple(_AXES)
             + [ChoiceKnob("auto_unroll_max_step", [0, 512, 1500]), ChoiceKnob("unroll_explicit", [0, 1]),
                ChoiceKnob("split_k", [k for k in SPLIT_K if extents[reduce[0]] % k == 0]),
                ChoiceKnob("fetch", list(FETCH.get(wl.name, FETCH_DEFAULT))),
-               ChoiceKnob("pipeline", list(PIPELINE_OF.get(wl.name, (0,))))]
+               ChoiceKnob("pipeline", list(PIPELINE_OF.get(wl.name, (0,)))),
+               ChoiceKnob("a_kmajor", list(A_KMAJOR_OF.get(wl.name, (0,))), default=0)]
         )
 
     def check(self, wl: Workload, target: TargetSpec, config: Config) -> str | None:
@@ -171,6 +180,8 @@ class CudaTiled(Template, name="cuda.tiled", kind="cuda", workloads=tuple(_AXES)
         for i in range(2):
             shared = sch.cache_read(block, i, "shared")
             sch.compute_at(shared, reduce_outer[-1], preserve_unit_loops=True)
+            if i == 0 and config["a_kmajor"]:
+                sch.transform_layout(shared, ("write", 0), lambda row, k: (k, row))
             cooperative_fetch(sch, shared, thread_extents, thread_dims, threads_outer=fetch == 0,
                               vector=max(fetch, 1))
         if wl.name != "matmul":
@@ -183,6 +194,9 @@ class CudaTiled(Template, name="cuda.tiled", kind="cuda", workloads=tuple(_AXES)
             local = sch.cache_read(block, i, "local")
             sch.compute_at(local, reduce_mid[-1])
 
+        # The accumulators zeroed once, before the reduction, not by a select in every step of it
+        # (64 FSEL per 512 FFMA in an 8x8-tile matmul's SASS, nvcc 13.0).
+        sch.decompose_reduction(block, reduce_outer[0])
         # The loop's body: the two shared copies, then the register tiles and the multiply-adds.
         pipeline_loop(sch, reduce_outer[-1], config["pipeline"])
         annotate_unroll(sch, bound["blockIdx"][0], config["auto_unroll_max_step"],
