@@ -365,18 +365,22 @@ class LocalDevice:
             # Start-up in parallel: the build processes (TVM imports, a first nvcc) start while the
             # server registers, and the session opens in the background once it has.
             self._worker.builder.warm(self.kind)
-            threading.Thread(target=self._register, args=(self._worker,), daemon=True,
+            threading.Thread(target=self._register, args=(self._worker, time.monotonic()), daemon=True,
                              name=f"farm-register-{self.name}").start()
         except BaseException:
             self.close()
             raise
         return self
 
-    def _register(self, worker: Worker) -> None:
+    def _register(self, worker: Worker, started: float) -> None:
         """Wait for the server's registration, then open the session in the background."""
         try:
             wait_for_keys(self.tracker_address, [self.key], self.register_timeout,  # type: ignore[arg-type]
                           [self.server.proc] if self.server else [])
+            # The first session opens after this: on the GPU hosts it opened 5-8 s after the server
+            # said it was serving (2026-11-25), and the first candidates may wait for it.
+            log.info("%s: the server under %s registered %.1f s after the device started", self.name, self.key,
+                     time.monotonic() - started)
             if self.server is not None:  # registered once: from now on a server that ends is started again
                 self.server.watch()
             worker.runner.warm()
