@@ -45,3 +45,15 @@ def test_tvm_alone_imports_torch_when_it_is_there(tmp_path: Path) -> None:
 def test_import_tvm_leaves_torch_out_and_importable(tmp_path: Path) -> None:
     first = "from farm.core.tvm_import import import_tvm\ntvm = import_tvm()\nassert tvm.runtime"
     assert _run(tmp_path, first).splitlines() == ["after tvm: False", "after torch: True the stand-in torch"]
+
+
+def test_a_worker_actor_imports_tvm_first_even_when_another_thread_imports_it_at_once(tmp_path: Path) -> None:
+    """The worker actor's start begins TVM's import in the background (workers.actor); a thread
+    that then imports TVM as it comes, as the device's registration does (`from tvm import rpc`),
+    waits for that import instead of importing torch with it."""
+    first = ("import threading\nfrom workers.actor import _import_tvm_in_background\n"
+             "_import_tvm_in_background()\n"
+             "def register():\n    from tvm import rpc\n    assert rpc.connect_tracker\n"
+             "other = threading.Thread(target=register)\nother.start()\nother.join()\n"
+             "import tvm\nassert tvm.rpc.connect_tracker")
+    assert _run(tmp_path, first).splitlines() == ["after tvm: False", "after torch: True the stand-in torch"]

@@ -17,12 +17,15 @@ import json
 import logging
 import os
 import socket
+import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from farm.core import metrics
 from farm.core.task import Task
+from farm.core.tvm_import import import_tvm
 from workers.device import LocalDevice
 
 
@@ -34,6 +37,7 @@ class WorkerActor:
         import ray
 
         start = time.monotonic()
+        _import_tvm_in_background()
         if log_dir:
             _log_to(Path(log_dir) / f"{name}-actor.log")
         gpus = [str(g) for g in ray.get_gpu_ids()]
@@ -78,6 +82,22 @@ def _log_to(path: Path) -> None:
     farm_log = logging.getLogger("farm")
     farm_log.addHandler(handler)
     farm_log.setLevel(logging.INFO)
+
+
+def _import_tvm_in_background() -> None:
+    """Import TVM as the farm's processes do (farm.core.tvm_import: without torch) in a thread of
+    its own, and return once that import has begun: any later `import tvm` in this process, in any
+    thread, then waits for it rather than importing TVM as it comes. Without this, the device's
+    registration thread imported TVM first, and with torch where torch is installed (4 s more of
+    the 6 s on the GPU hosts): the first session opened 5-8 s after the server was up (2026-11-25).
+    In the background, because nothing of the device's start needs TVM in this process: its
+    tracker, server and build processes are processes of their own. The other threads import TVM
+    by its package first (`import tvm`, `from tvm import rpc`), which waits for a package being
+    initialised; a dotted `import tvm.rpc` would not wait for it (Python's import system)."""
+    importing = threading.Thread(target=import_tvm, daemon=True, name="farm-import-tvm")
+    importing.start()
+    while "tvm" not in sys.modules and importing.is_alive():
+        time.sleep(0.001)
 
 
 def _build_slots() -> int:
