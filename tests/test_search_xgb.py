@@ -87,7 +87,7 @@ def test_without_a_model_it_is_random_search_with_the_same_seed_kept_to_quick_bu
 
 
 def test_unguided_proposals_go_on_when_no_quick_building_config_is_left() -> None:
-    task = Task(make_workload("matmul", dict(M=4, N=2, K=2)), parse_target("cuda"))
+    task = Task(make_workload("matmul", dict(M=2, N=2, K=2)), parse_target("cuda"))
     shard = task.space.shards(1)[0]
     valid = [i for i in shard if task.check(task.space.get(i)) is None]
     quick = [i for i in valid if task.space.get(i)["auto_unroll_max_step"] == 0]
@@ -102,7 +102,7 @@ def test_unguided_proposals_go_on_when_no_quick_building_config_is_left() -> Non
 def test_exhausts_a_small_shard_exactly_once() -> None:
     """A shard smaller than what the chains would score is scored whole; every valid config
     comes out once, then nothing."""
-    task = Task(make_workload("matmul", dict(M=4, N=2, K=2)), parse_target("cuda"))
+    task = Task(make_workload("matmul", dict(M=2, N=2, K=2)), parse_target("cuda"))
     shard = task.space.shards(2)[0]
     search = XGBSearch(task, shard, seed=1)
     search.set_model(synthetic_model(task, 400))
