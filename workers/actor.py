@@ -89,7 +89,8 @@ def _import_tvm_in_background() -> None:
     its own, and return once that import has begun: any later `import tvm` in this process, in any
     thread, then waits for it rather than importing TVM as it comes. Without this, the device's
     registration thread imported TVM first, and with torch where torch is installed (4 s more of
-    the 6 s on the GPU hosts): the first session opened 5-8 s after the server was up (2026-11-25).
+    the 6 s on the GPU hosts), before the first session could open: it opened 5-8 s after the
+    server was up (2026-11-25), most of it that import as far as the logs tell.
     In the background, because nothing of the device's start needs TVM in this process: its
     tracker, server and build processes are processes of their own. The other threads import TVM
     by its package first (`import tvm`, `from tvm import rpc`), which waits for a package being
