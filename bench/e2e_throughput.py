@@ -14,6 +14,8 @@ from its start to its exit. From the job's trials (their timelines, farm.report.
 - build seconds per candidate (mean, p95);
 - the share of the job each GPU held a candidate (upload, load, check, timed runs; the rest it
   waited for work), and each candidate's time on the device outside its timed runs (median, p95);
+- when each device's first RPC session opened, from the process start (its worker actor's log:
+  the first candidates wait for it as well as for their builds);
 - a timeline PNG per run (farm report --timeline).
 
 Printed: one line per run, then medians over seeds (with min and max) per GPU count, and the
@@ -25,7 +27,9 @@ of a second job to its first stored trial (workers, servers, sessions and build 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import re
 import statistics
 import subprocess
 import sys
@@ -64,7 +68,25 @@ def run_once(args: argparse.Namespace, gpus: int, seed: int) -> dict[str, Any]:
             "measuring_share_job": {w: m / use.wall_seconds for w, m in use.measuring_seconds.items()},
             "overhead_median_ms": 1e3 * statistics.median(overhead),
             "overhead_p95_ms": 1e3 * overhead[int(0.95 * (len(overhead) - 1))],
+            "first_session_s": first_sessions(args.out / f"logs-{name}", started),
             "best_us": float(trials["latency"].min() * 1e6), "statuses": trials["status"].value_counts().to_dict()}
+
+
+# The worker actor's log line for its first session (workers.runner), with logging's local time.
+_FIRST_SESSION = re.compile(r"^(\S+ \S+) farm\.runner session 1 on \S+ open")
+
+
+def first_sessions(log_dir: Path, started: float) -> dict[str, float]:
+    """Per worker: seconds from `started` (epoch) to its first session's opening, from the actors'
+    logs in `log_dir` (`farm tune --log-dir`); a worker whose log has no such line is left out."""
+    opened = {}
+    for log in sorted(log_dir.glob("*-actor.log")):
+        for line in log.read_text(errors="replace").splitlines():
+            if match := _FIRST_SESSION.match(line):
+                stamp = datetime.datetime.strptime(match[1], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+                opened[log.name.removesuffix("-actor.log")] = stamp - started
+                break
+    return opened
 
 
 def warm_submit(args: argparse.Namespace) -> dict[str, Any]:
@@ -138,7 +160,8 @@ def main() -> None:
                   f"{run['build_mean_s']:.2f} s mean / {run['build_p95_s']:.2f} s p95, best {run['best_us']:.2f} µs; "
                   f"device holding a candidate {measuring}; per candidate outside timed runs "
                   f"{run['overhead_median_ms']:.0f} ms median / {run['overhead_p95_ms']:.0f} ms p95; job claimed "
-                  f"{run['claimed_after_s']:.1f} s after start", flush=True)
+                  f"{run['claimed_after_s']:.1f} s after start; first session open after "
+                  + ", ".join(f"{w} {t:.1f} s" for w, t in sorted(run["first_session_s"].items())), flush=True)
             if args.json:  # after every run: a session cut short keeps what it finished
                 args.json.write_text(json.dumps(figures, indent=1, default=str))
     summary = {}
