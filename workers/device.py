@@ -349,6 +349,7 @@ class LocalDevice:
         return self._worker
 
     def start(self) -> LocalDevice:
+        started = time.monotonic()
         try:
             if self.tracker_address is None:
                 self.tracker = LocalTracker(log=self.log_dir / "tracker.log" if self.log_dir else None).start()
@@ -365,7 +366,7 @@ class LocalDevice:
             # Start-up in parallel: the build processes (TVM imports, a first nvcc) start while the
             # server registers, and the session opens in the background once it has.
             self._worker.builder.warm(self.kind)
-            threading.Thread(target=self._register, args=(self._worker, time.monotonic()), daemon=True,
+            threading.Thread(target=self._register, args=(self._worker, started), daemon=True,
                              name=f"farm-register-{self.name}").start()
         except BaseException:
             self.close()
