@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -41,6 +42,11 @@ def add_workload_arguments(parser: argparse.ArgumentParser, target: str = "cuda"
     parser.add_argument("--workload", default="resnet-last-conv", help="workload or preset name")
     parser.add_argument("--params", nargs="*", default=[], help="key=value workload parameters")
     parser.add_argument("--target", default=target)
+
+
+def spread(values: Sequence[float]) -> str:
+    """'median (min m, max M)' of `values`, as the reports quote a figure over seeds."""
+    return f"{statistics.median(values):.2f} (min {min(values):.2f}, max {max(values):.2f})"
 
 
 def machine() -> str:

@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from costmodel_common import add_workload_arguments, farm_tune, machine
+from costmodel_common import add_workload_arguments, farm_tune, machine, spread
 
 from db.store import open_store
 from farm.report import plot_timeline, utilisation
@@ -127,10 +127,6 @@ def warm_submit(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         service.terminate()
         service.wait(60)
-
-
-def spread(values: list[float]) -> str:
-    return f"{statistics.median(values):.2f} (min {min(values):.2f}, max {max(values):.2f})"
 
 
 def main() -> None:

@@ -1,13 +1,14 @@
 """The farm's model-guided search against stock MetaSchedule at equal trial budgets, same device.
 
     python bench/vs_metaschedule.py [--workload resnet-last-conv] [--target cuda] [--trials 128]
-                                    [--out DIR] [--json FILE]
+                                    [--seeds 0 1 2] [--out DIR] [--json FILE]
 
 Two tuning runs of the same kernel, one after the other, each a process of its own and timed
 from its start to its exit (imports, servers and Ray included: what a user waits for):
 
-- farm: `python -m farm tune WORKLOAD --search xgb --trials N` on the embedded defaults (local
-  Ray, RPC tracker and server, SQLite), exporting its best config;
+- farm: `python -m farm tune WORKLOAD --search xgb --trials N --workers 1` on the embedded
+  defaults (local Ray, RPC tracker and server, SQLite), exporting its best config: one worker, on
+  the first GPU, the one MetaSchedule's runner uses;
 - MetaSchedule: `ms.tune_tir` with its defaults (post-order-apply space, evolutionary search
   with its XGBoost model, LocalBuilder, LocalRunner with its default evaluator), max_trials_global
   = N, num_trials_per_iter = 64 (its default).
@@ -30,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from costmodel_common import add_workload_arguments, farm_curve, farm_tune, timed
+from costmodel_common import add_workload_arguments, farm_curve, farm_tune, machine, spread, timed
 
 from farm.core.targets import parse_target
 from farm.core.workloads import Workload, make_workload
@@ -116,38 +117,20 @@ def retime(workload: Workload, target: str, export: Path, ms_dir: Path) -> dict[
     return final_timing(workload, target, {"farm": build(workload, spec, export), "metaschedule": ms_lib})
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_workload_arguments(parser)
-    parser.add_argument("--trials", type=int, default=128)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=Path("/tmp/farm-vs-ms"))
-    parser.add_argument("--json", type=Path)
-    parser.add_argument("--retime", action="store_true",
-                        help="only check and time again the two best kernels of an earlier run in --out")
-    parser.add_argument("--run-metaschedule", type=Path, help=argparse.SUPPRESS)  # the child's work dir
-    args = parser.parse_args()
-    params = dict(p.split("=", 1) for p in args.params)
-    workload = make_workload(args.workload, params or None)
-    if args.run_metaschedule:
-        run_metaschedule(workload, args.target, args.trials, args.run_metaschedule, args.seed)
-        return
-    args.out.mkdir(parents=True, exist_ok=True)
-    ms_dir, export = args.out / "metaschedule", args.out / "farm-best.json"
-    if args.retime:  # the kernels of an earlier run of this script in OUT, checked and timed again
-        for name, f in retime(workload, args.target, export, ms_dir).items():
-            print(f"{name:>12}: {f['median_us']:.2f} µs, relative L2 error {f['rel_l2_error']:.2e}, "
-                  f"correct: {f['correct']}")
-        return
-    ms_dir.mkdir(exist_ok=True)
+def compare(workload: Workload, args: argparse.Namespace, seed: int, out: Path) -> dict[str, Any]:
+    """One seed: both tuning runs into OUT, both best kernels re-timed; every figure, printed too."""
+    ms_dir, export = out / "metaschedule", out / "farm-best.json"
+    ms_dir.mkdir(parents=True, exist_ok=True)
     for stale in [export, *ms_dir.glob("*.json")]:
         stale.unlink(missing_ok=True)
-    print(f"{workload} on {args.target}, {args.trials} trials each", flush=True)
-    farm_s, db = farm_tune(args.workload, args.params, args.target, args.trials, "xgb", args.seed, args.out, "farm")
+    print(f"{workload} on {args.target}, {args.trials} trials each, seed {seed}", flush=True)
+    # One worker: the farm measures on the one GPU MetaSchedule's runner uses (the first).
+    farm_s, db = farm_tune(args.workload, args.params, args.target, args.trials, "xgb", seed, out, "farm",
+                           ["--workers", "1"])
     print(f"farm tune: {farm_s:.0f} s", flush=True)
     ms_s = timed([sys.executable, str(Path(__file__).resolve()), "--workload", args.workload, "--params",
-                  *args.params, "--target", args.target, "--trials", str(args.trials), "--seed", str(args.seed),
-                  "--run-metaschedule", str(ms_dir)], args.out / "metaschedule.log")
+                  *args.params, "--target", args.target, "--trials", str(args.trials), "--seed", str(seed),
+                  "--run-metaschedule", str(ms_dir)], out / "metaschedule.log")
     print(f"ms.tune_tir: {ms_s:.0f} s", flush=True)
 
     farm_best, farm_status = farm_curve(db)
@@ -155,8 +138,7 @@ def main() -> None:
     final = retime(workload, args.target, export, ms_dir)
     ms_tune_s = json.loads((ms_dir / "tune.json").read_text())["tune_seconds"]
     figures = {
-        "workload": str(workload), "target": args.target, "trials": args.trials, "seed": args.seed,
-        "final_timing": {"number": FINAL_NUMBER, "repeat": FINAL_REPEAT, "min_repeat_ms": FINAL_MIN_MS},
+        "seed": seed,
         "farm": {"wall_s": farm_s, "trials": len(farm_best), "statuses": farm_status,
                  "best_measured_us": float(np.nanmin(farm_best)), "curve_us": farm_best.tolist(), **final["farm"]},
         "metaschedule": {"wall_s": ms_s, "tune_tir_s": ms_tune_s, "trials": len(ms_best), "statuses": ms_status,
@@ -174,8 +156,49 @@ def main() -> None:
           f"wall time {figures['wall_ratio_ms_over_farm']:.2f}x (above 1: the farm is faster)")
     label = f"{workload} on {args.target}"
     plot = plot_curves([Curve(f"farm xgb ({farm_s:.0f} s)", label, farm_best),
-                        Curve(f"MetaSchedule ({ms_s:.0f} s)", label, ms_best)], args.out / "curve.png")
+                        Curve(f"MetaSchedule ({ms_s:.0f} s)", label, ms_best)], out / "curve.png")
     print(f"tuning curves: {plot}")
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_workload_arguments(parser)
+    parser.add_argument("--trials", type=int, default=128)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0],
+                        help="one comparison per seed, each in OUT/seed-N when there are several; medians printed")
+    parser.add_argument("--out", type=Path, default=Path("/tmp/farm-vs-ms"))
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--retime", action="store_true",
+                        help="only check and time again the two best kernels of an earlier run in --out")
+    parser.add_argument("--seed", type=int, help=argparse.SUPPRESS)  # the child's seed
+    parser.add_argument("--run-metaschedule", type=Path, help=argparse.SUPPRESS)  # the child's work dir
+    args = parser.parse_args()
+    params = dict(p.split("=", 1) for p in args.params)
+    workload = make_workload(args.workload, params or None)
+    if args.run_metaschedule:
+        run_metaschedule(workload, args.target, args.trials, args.run_metaschedule, args.seed)
+        return
+    if args.retime:  # the kernels of an earlier run of this script in OUT, checked and timed again
+        for name, f in retime(workload, args.target, args.out / "farm-best.json", args.out / "metaschedule").items():
+            print(f"{name:>12}: {f['median_us']:.2f} µs, relative L2 error {f['rel_l2_error']:.2e}, "
+                  f"correct: {f['correct']}")
+        return
+    several = len(args.seeds) > 1
+    runs = [compare(workload, args, seed, args.out / f"seed-{seed}" if several else args.out) for seed in args.seeds]
+    figures: dict[str, Any] = {
+        "workload": str(workload), "target": args.target, "trials": args.trials, "machine": machine(),
+        "final_timing": {"number": FINAL_NUMBER, "repeat": FINAL_REPEAT, "min_repeat_ms": FINAL_MIN_MS},
+        "runs": runs,
+    }
+    if several:
+        summary = {key: [r[key] for r in runs] for key in ("wall_ratio_ms_over_farm", "latency_ratio_ms_over_farm")}
+        for name in ("farm", "metaschedule"):
+            summary[f"{name}_wall_s"] = [r[name]["wall_s"] for r in runs]
+            summary[f"{name}_best_us"] = [r[name]["median_us"] for r in runs]
+        figures["summary"] = summary
+        print(f"median over {len(runs)} seeds: " + "; ".join(f"{key} {spread(values)}"
+                                                                      for key, values in summary.items()))
     if args.json:
         args.json.write_text(json.dumps(figures, indent=1))
 
