@@ -2,6 +2,7 @@
 
     python bench/kernels_vs_vendor.py --case resnet-last-conv --case "matmul M=1024 N=1024 K=1024" \
         [--trials 512] [--seeds 3] [--target TARGET] [--out DIR] [--json FILE] [--retime]
+        [--config LABEL=JSON ...]
 
 For each case and seed, `farm tune CASE --target TARGET --trials N --seed S` (TARGET: cuda, i.e.
 sm_90, unless given, e.g. '{"kind": "cuda", "arch": "sm_90a"}' for Hopper's wgmma) runs as a user runs it
@@ -19,7 +20,9 @@ Prints one line per case (PyTorch, the farm's median over seeds and its range, t
 with --json, every figure. --retime times the exports of an earlier run in --out again
 (--allow-stale: built by the current version of their template);
 --tvm-compile adds each kernel as TVM's default compile makes it (NVRTC, fast math) beside the
-farm's build of it (nvcc -O3, as the farm measured it).
+farm's build of it (nvcc -O3, as the farm measured it). --config times a config named by hand
+(say, the structure a vendor kernel's profile shows) beside the seeds' kernels, checked and timed
+the same way: whether the space holds a faster kernel than the search found.
 """
 
 from __future__ import annotations
@@ -37,6 +40,9 @@ from costmodel_common import farm_curve, farm_tune
 from torch_baseline import graph_times, torch_op, vendor_precision
 
 from farm.core.errors import FarmError
+from farm.core.space import Config
+from farm.core.targets import parse_target
+from farm.core.task import Task
 from farm.core.workloads import Workload, make_workload
 
 ROUNDS = 3
@@ -53,6 +59,21 @@ def parse_case(case: str) -> tuple[str, list[str], Workload]:
     if bad := [p for p in params if "=" not in p]:
         raise FarmError(f"{case!r}: parameters are key=value, got {bad[0]!r}")
     return name, params, make_workload(name, dict(p.split("=", 1) for p in params) or None)
+
+
+def parse_config(wl: Workload, target: str, label: str, text: str) -> Config:
+    """`text` (a JSON object of knob values) as a config of `wl`'s template for `target`."""
+    if not label or not text:
+        raise FarmError(f"{label}={text}: give LABEL=JSON")
+    try:
+        values = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise FarmError(f"{label}: not JSON ({e})") from None
+    task = Task(wl, parse_target(target))
+    config = task.space.from_json(values)
+    if reason := task.check(config):
+        raise FarmError(f"{label}: not a valid config of {task.template.name}: {reason}")
+    return config
 
 
 def tvm_call(lib: Any, args: list[Any]) -> Callable[[], None]:
@@ -99,13 +120,15 @@ def tvm_default_build(wl: Workload, target: str, export: Path) -> Any:
 
 
 def retime_case(wl: Workload, target: str, exports: dict[str, Path], tvm_compile: bool = False,
-                allow_stale: bool = False) -> dict[str, Any]:
+                allow_stale: bool = False, configs: dict[str, Config] | None = None) -> dict[str, Any]:
     """PyTorch and each export's best kernel for `wl`: checked against PyTorch's output, timed.
     With `tvm_compile`, each kernel also as TVM's default compile makes it (label + "-tvm"); with
-    `allow_stale`, exports of an older version of their template are built by the current one."""
+    `allow_stale`, exports of an older version of their template are built by the current one;
+    `configs` (label -> config of the case's template) are built as the farm builds a candidate."""
     import torch
 
     from farm.apply import build
+    from workers.builder import compile_module
 
     expected = torch_op(wl)()
     inputs = [torch.from_numpy(x).to("cuda") for x in wl.random_inputs(0)]  # torch_op's inputs
@@ -116,6 +139,9 @@ def retime_case(wl: Workload, target: str, exports: dict[str, Path], tvm_compile
     if tvm_compile:
         builds |= {f"{label}-tvm": (lambda e=export: tvm_default_build(wl, target, e))
                    for label, export in exports.items()}
+    task = Task(wl, parse_target(target))
+    builds |= {label: (lambda c=config: compile_module(task.schedule(c).mod, task.target))
+               for label, config in (configs or {}).items()}
     for label, make in builds.items():
         out = torch.full(wl.output_shape(), float("nan"), dtype=getattr(torch, wl.dtype), device="cuda")
         call = tvm_call(make(), [*inputs, out])
@@ -157,11 +183,21 @@ def main() -> None:
     parser.add_argument("--allow-stale", action="store_true",
                         help="with --retime: build exports tuned against an older version of their template "
                              "with the current one (a fix that changed the generated code, not the space)")
+    parser.add_argument("--config", action="append", default=[], metavar="LABEL=JSON",
+                        help="a config of the case's template (JSON, as in an export), timed beside the seeds' "
+                             "kernels under LABEL; one --case only")
     args = parser.parse_args()
     try:
         cases = [parse_case(case) for case in args.case]  # bad cases fail here, before any tuning
     except FarmError as e:
         parser.error(f"bad --case: {e}")
+    if args.config and len(cases) != 1:
+        parser.error("--config needs exactly one --case (a config belongs to one workload's space)")
+    try:
+        configs = {label: parse_config(cases[0][2], args.target, label, text)
+                   for label, _, text in (c.partition("=") for c in args.config)}
+    except FarmError as e:
+        parser.error(f"bad --config: {e}")
     import torch
 
     vendor_precision(torch)
@@ -187,10 +223,11 @@ def main() -> None:
     for case, (_, _, wl) in zip(args.case, cases, strict=True):
         seeds = runs[case]
         exports = {label: args.out / f"{label}-best.json" for label in seeds}
-        timing = retime_case(wl, args.target, exports, args.tvm_compile, args.allow_stale)
+        timing = retime_case(wl, args.target, exports, args.tvm_compile, args.allow_stale, configs)
         farm_us = [timing[label]["median_us"] for label in seeds]
         row = {"workload": wl.to_json(), "pytorch": timing["pytorch"], "copy": timing.get("copy"),
                "seeds": {label: {**seeds[label], **timing[label]} for label in seeds},
+               "configs": {label: {"config": config.to_json(), **timing[label]} for label, config in configs.items()},
                "tvm_compile": {label: timing[f"{label}-tvm"] for label in seeds if f"{label}-tvm" in timing},
                "farm_median_us": statistics.median(farm_us), "farm_min_us": min(farm_us), "farm_max_us": max(farm_us),
                "all_correct": all(timing[label]["correct"] for label in seeds)}
@@ -204,6 +241,11 @@ def main() -> None:
         print(f"{case}: PyTorch {timing['pytorch']['median_us']:.2f} µs; farm median {row['farm_median_us']:.2f} µs "
               f"over {len(farm_us)} seeds ({row['farm_min_us']:.2f}-{row['farm_max_us']:.2f}); "
               f"{row['speedup_vs_pytorch']:.2f}x PyTorch's speed; all correct: {row['all_correct']}{extra}", flush=True)
+        for label in configs:
+            t = timing[label]
+            print(f"  config {label}: {t['median_us']:.2f} µs ({t['p10_us']:.2f}-{t['p90_us']:.2f}), "
+                  f"{timing['pytorch']['median_us'] / t['median_us']:.2f}x PyTorch's speed; correct: {t['correct']}",
+                  flush=True)
         if args.json:  # after every case, so a run cut short keeps what it measured
             args.json.write_text(json.dumps(figures, indent=1))
 
