@@ -5,7 +5,8 @@
 #   smoke       a 24-trial cuda job on a small matmul: the cuda path works end to end
 #   throughput  farm runner vs stock MetaSchedule RPCRunner on 32 resnet-last-conv candidates
 #   tune        a TRIALS-trial cuda tuning job of resnet-last-conv, exported
-#   vsms        farm xgb vs stock ms.tune_tir, MS_TRIALS each (bench/vs_metaschedule.py)
+#   vsms        farm xgb (one GPU) vs stock ms.tune_tir, MS_TRIALS each, per seed of VSMS_SEEDS (default 0)
+#               (bench/vs_metaschedule.py; about 405 s per seed for ms.tune_tir at 256 trials on an H200 host)
 #   search      xgb vs random search, trials to 95% of the best (bench/costmodel_search.py)
 #   zeroshot    farm predict on held-out conv2d shapes vs tuning them (bench/costmodel_zeroshot.py)
 #   fsearch     bench/farm_search.py through `farm tune`, per FSEARCH_CASES (;-separated, default
@@ -26,7 +27,8 @@
 #               case (OUTDIR/kernels-CASE.json), so a case's figures stand whatever the next one does;
 #               KERNEL_TARGET (default cuda) is farm tune's --target for kernels and rekernels
 #   rekernels   bench/kernels_vs_vendor.py --retime --allow-stale: KERNEL_CASES' exports of an earlier run
-#               in KERNELS_DIR (seeds 0 .. KERNEL_SEEDS-1) rebuilt by the current templates and timed again
+#               in KERNELS_DIR (seeds 0 .. KERNEL_SEEDS-1) rebuilt by the current templates and timed again,
+#               with KERNEL_CONFIGS (;-separated LABEL=JSON, one case only) timed beside them
 #   ncu         Nsight Compute on NCU_CASE's seed-0 export in KERNELS_DIR and on PyTorch's kernel for it:
 #               the first NCU_LAUNCHES kernels of a retime (PyTorch's reference, then the farm's kernel);
 #               NCU_TARGET (default KERNEL_TARGET) is the export's target
@@ -37,7 +39,7 @@ set -uo pipefail
 OUT=${1:?output folder}; shift
 STEPS=${*:-torch smoke throughput tune}
 TRIALS=${TRIALS:-300}
-MS_TRIALS=${MS_TRIALS:-128}
+MS_TRIALS=${MS_TRIALS:-128}; VSMS_SEEDS=${VSMS_SEEDS:-0}
 KERNEL_CASES=${KERNEL_CASES:-resnet-last-conv;matmul M=1024 N=1024 K=1024}
 KERNEL_TRIALS=${KERNEL_TRIALS:-512}; KERNEL_SEEDS=${KERNEL_SEEDS:-3}
 FSEARCH_CASES=${FSEARCH_CASES:-resnet-last-conv;matmul M=1024 N=1024 K=1024;conv2d_nchw N=1 CI=256 H=14 W=14 CO=256 KH=3 KW=3 pad=1}
@@ -68,7 +70,7 @@ for s in $STEPS; do
              --preset resnet-last-conv --candidates 32 --json "$OUT/throughput.json" ;;
     tune) step tune 560 python3 -m farm tune resnet-last-conv --target cuda --trials "$TRIALS" \
              --db "sqlite:///$OUT/farm.db" --export "$OUT/best.json" --log-dir "$OUT/logs" ;;
-    vsms) step vsms 1200 python3 bench/vs_metaschedule.py --target cuda --trials "$MS_TRIALS" \
+    vsms) step vsms 3000 python3 bench/vs_metaschedule.py --target cuda --trials "$MS_TRIALS" --seeds $VSMS_SEEDS \
              --out "$OUT/vsms" --json "$OUT/vsms.json" ;;
     search) step search 1500 python3 bench/costmodel_search.py --target cuda --budget 64 --seeds 2 \
              --random 128 --out "$OUT/search" --json "$OUT/search.json" ;;
@@ -104,10 +106,16 @@ for s in $STEPS; do
                  --seeds "$KERNEL_SEEDS" --target "${KERNEL_TARGET:-cuda}" --out "$OUT/kernels" --json "$OUT/kernels-$name.json"
              done ;;
     rekernels) IFS=';' read -ra cases <<< "$KERNEL_CASES"
+             configs=()
+             if [ -n "${KERNEL_CONFIGS:-}" ]; then
+               IFS=';' read -ra given <<< "$KERNEL_CONFIGS"
+               for config in "${given[@]}"; do configs+=("--config=$config"); done
+             fi
              for case in "${cases[@]}"; do
                name=$(case_name "$case")
                step "rekernels-$name" 600 python3 bench/kernels_vs_vendor.py --case="$case" --seeds "$KERNEL_SEEDS" \
-                 --target "${KERNEL_TARGET:-cuda}" --retime --allow-stale --out "${KERNELS_DIR:?}" --json "$OUT/rekernels-$name.json"
+                 --target "${KERNEL_TARGET:-cuda}" --retime --allow-stale --out "${KERNELS_DIR:?}" "${configs[@]}" \
+                 --json "$OUT/rekernels-$name.json"
              done ;;
     ncu) name=$(case_name "${NCU_CASE:?}")
          # --clock-control none: the clocks as the timed runs see them (the device tool's METHOD.md).
