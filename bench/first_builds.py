@@ -10,7 +10,9 @@ worker of a `--shards`-GPU job: a worker's first batch) are built at once in a w
 `workers.builder.ProcessPoolBuilder` of `--slots` processes (default: one per core), as a worker's
 build slots build them. Printed per search: build seconds per candidate (mean, p95, max), the time
 from submitting the batch to its first built candidate and to its last, medians over seeds with
-min-max. No GPU is needed: a cuda build compiles with nvcc and stops before the device.
+min-max. Printed first: how long the builder's slots took to be warm (their processes started,
+TVM imported), from the builder's start in this fresh process, as a worker's builder starts. No
+GPU is needed: a cuda build compiles with nvcc and stops before the device.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import argparse
 import collections
 import concurrent.futures as cf
 import json
+import logging
 import statistics
 import time
 from pathlib import Path
@@ -33,6 +36,7 @@ from farm.core.task import Task
 from farm.core.workloads import make_workload
 from workers.builder import ProcessPoolBuilder
 
+SLOTS_WARM_LIMIT_S = 300
 SEARCHES = {"random (uniform)": RandomSearch, "xgb, unguided (quick builds)": XGBSearch}
 
 
@@ -49,6 +53,18 @@ def first_batch(builder: ProcessPoolBuilder, task: Task, indices: list[int]) -> 
             "statuses": dict(statuses)}
 
 
+class _SlotsWarm(logging.Handler):
+    """When each build slot said it was warm (its "build slot N warm in S s" record)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.at: list[float] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage().startswith("build slot") and " warm in " in record.getMessage():
+            self.at.append(time.monotonic())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_workload_arguments(parser)
@@ -63,8 +79,20 @@ def main() -> None:
     shards = task.space.shards(args.shards)
     figures: dict = {"workload": str(task.workload), "target": args.target, "shards": args.shards,
                      "per_shard": args.per_shard, "runs": {name: [] for name in SEARCHES}}
+    slots_warm = _SlotsWarm()
+    builder_log = logging.getLogger("farm.builder")
+    builder_log.addHandler(slots_warm)
+    builder_log.setLevel(logging.INFO)
+    started = time.monotonic()
     with ProcessPoolBuilder(args.slots) as builder:
         builder.warm(task.target.kind)
+        while len(slots_warm.at) < builder.workers and time.monotonic() - started < SLOTS_WARM_LIMIT_S:
+            time.sleep(0.01)  # a slot that cannot start says so in a warning instead
+        warm = {"warm": len(slots_warm.at), "first_s": min(slots_warm.at, default=started) - started,
+                "last_s": max(slots_warm.at, default=started) - started}
+        figures["slots_warm"] = {"slots": builder.workers, **warm}
+        print(f"{warm['warm']} of {builder.workers} build slots warm after {warm['last_s']:.2f} s (the first "
+              f"after {warm['first_s']:.2f} s)", flush=True)
         builder.build(task, RandomSearch(task, shards[0], seed=10_000).propose(builder.workers))  # every slot warm
         print(f"{task} on {args.target}: first {args.per_shard} proposals of {args.shards} shard(s), "
               f"{builder.workers} build slots", flush=True)
