@@ -12,7 +12,7 @@ hands it to the runtime instead of compiling on the GPU node. TVM's GPU-code ver
 (threads, shared memory, vthreads) runs on the lowered module before any of that.
 
 `Builder` is the seam a Worker builds through (its contract below); `ProcessPoolBuilder`,
-compiling in a pool of spawned processes on this node, is the implementation.
+compiling in a pool of processes on this node (forked warm, TVM imported), is the implementation.
 Every failure is data: a `BuildResult` with a status, never an exception out of `build`.
 A build that hangs or crashes its process is recorded and the pool is replaced.
 """
@@ -309,10 +309,11 @@ def _init_pool_process() -> None:
 def _build_process_context() -> multiprocessing.context.BaseContext:
     """How build processes start: forked from a fork server that has imported TVM once
     (workers.build_preload). Each of a node's 16-32 build slots then starts warm at once, instead
-    of importing TVM in a process of its own (3.3-3.7 s until 8 spawned slots were warm on 2 cores,
-    with the first candidates' builds waiting for the cores). Not forked from this process, whose
-    TVM thread pool may be alive: forking it can deadlock. The server's preload is set once,
-    before the server starts (on the first build process)."""
+    of importing TVM in a process of its own, beside the first candidates' builds (8 slots were
+    all warm after 3.0 s against 6.3 s on 2 cores: bench/first_builds.py). Not forked from this
+    process, whose TVM thread pool may be alive: forking it can deadlock. The server's preload is
+    set once, before the server starts (on the first build process); it ends when this process
+    does, and a build process when its slot's pipe closes."""
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(["workers.build_preload"])
     return ctx
