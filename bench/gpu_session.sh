@@ -30,7 +30,8 @@
 #               in KERNELS_DIR (seeds 0 .. KERNEL_SEEDS-1) rebuilt by the current templates and timed again,
 #               with KERNEL_CONFIGS (;-separated LABEL=JSON, one case only) timed beside them
 #   ncu         Nsight Compute on NCU_CASE's seed-0 export in KERNELS_DIR and on PyTorch's kernel for it:
-#               the first NCU_LAUNCHES kernels of a retime (PyTorch's reference, then the farm's kernel);
+#               the first NCU_LAUNCHES kernels of a retime (PyTorch's reference, then the farm's kernel,
+#               then each of KERNEL_CONFIGS' kernels, each launched once to check it);
 #               NCU_TARGET (default KERNEL_TARGET) is the export's target
 #   bash bench/gpu_session.sh OUTDIR [STEP ...]      (TRIALS=300, MS_TRIALS=128 by default)
 # OUTDIR/DONE appears when every step has ended (for a session run in the background and
@@ -57,6 +58,12 @@ nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | sed "s
 python3 -c "import sys; print('dont_write_bytecode', sys.flags.dont_write_bytecode)" | tee -a "$OUT/gpu.txt"
 t0=$SECONDS; python3 -m compileall -q -j 0 ${PYTHONPATH//:/ } > /dev/null 2>&1
 echo "bytecode compiled in $((SECONDS - t0)) s" | tee -a "$OUT/gpu.txt"
+# KERNEL_CONFIGS as kernels_vs_vendor.py options (rekernels, ncu).
+configs=()
+if [ -n "${KERNEL_CONFIGS:-}" ]; then
+  IFS=';' read -ra given <<< "$KERNEL_CONFIGS"
+  for config in "${given[@]}"; do configs+=("--config=$config"); done
+fi
 # A case's name in file names: "matmul M=64 N=64" -> "matmul-M64-N64".
 case_name() { tr -d '=' <<< "$1" | tr ' ' '-'; }
 step() { local name=$1 limit=$2; shift 2; echo "== $name"; local t0=$SECONDS
@@ -106,11 +113,6 @@ for s in $STEPS; do
                  --seeds "$KERNEL_SEEDS" --target "${KERNEL_TARGET:-cuda}" --out "$OUT/kernels" --json "$OUT/kernels-$name.json"
              done ;;
     rekernels) IFS=';' read -ra cases <<< "$KERNEL_CASES"
-             configs=()
-             if [ -n "${KERNEL_CONFIGS:-}" ]; then
-               IFS=';' read -ra given <<< "$KERNEL_CONFIGS"
-               for config in "${given[@]}"; do configs+=("--config=$config"); done
-             fi
              for case in "${cases[@]}"; do
                name=$(case_name "$case")
                step "rekernels-$name" 600 python3 bench/kernels_vs_vendor.py --case="$case" --seeds "$KERNEL_SEEDS" \
@@ -122,7 +124,8 @@ for s in $STEPS; do
          step "ncu-$name" 600 ncu --clock-control none --launch-count "${NCU_LAUNCHES:-6}" --section SpeedOfLight \
            --section Occupancy --section LaunchStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
            --section WarpStateStats --section SchedulerStats python3 bench/kernels_vs_vendor.py --case="$NCU_CASE" \
-           --seeds 1 --target "${NCU_TARGET:-${KERNEL_TARGET:-cuda}}" --retime --allow-stale --out "${KERNELS_DIR:?}" ;;
+           --seeds 1 --target "${NCU_TARGET:-${KERNEL_TARGET:-cuda}}" --retime --allow-stale --out "${KERNELS_DIR:?}" \
+           "${configs[@]}" ;;
     *) echo "unknown step $s" >&2 ;;
   esac
 done
