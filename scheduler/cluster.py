@@ -74,8 +74,29 @@ def init_ray(address: str | None = None) -> bool:
 
 def stop_ray() -> None:
     """Stop the local Ray instance `init_ray` started. Call it from the thread that started it:
-    there Ray's driver shuts down in about a second; from any other thread (Ray's own exit hook
-    in the main thread, when a client ran its jobs in a thread) it waits 5 s more (Ray 2.60)."""
+    there Ray's driver shuts down in a fraction of a second; from any other thread (Ray's own exit
+    hook in the main thread, when a client ran its jobs in a thread) it waits 5 s more (Ray 2.60)."""
     import ray
 
+    _kill_autoscaler_monitor()
     ray.shutdown()
+
+
+def _kill_autoscaler_monitor() -> None:
+    """Kill the autoscaler's monitor of the local instance this process started, ahead of
+    ray.shutdown(). That stops the instance's processes one after another, each given a second to
+    exit on SIGTERM, and the monitor (which a single-node instance of fixed size has no use for)
+    took the whole second every time: told to stop after the GCS it reports to had gone, it
+    waits on it (Ray 2.60). Killed first, ray.shutdown() took 0.23-0.35 s instead of 1.37 s on 2
+    cores, a second off every `farm tune`. Through Ray's private node handle: where a later Ray
+    lacks it, nothing is killed and ray.shutdown() stops the monitor as before."""
+    try:
+        from ray._private import ray_constants, worker
+
+        processes = worker._global_node.all_processes.get(ray_constants.PROCESS_TYPE_MONITOR, [])
+    except (ImportError, AttributeError):  # not a node this process started, or another Ray
+        return
+    for info in processes:
+        if info.process.poll() is None:
+            info.process.kill()
+            info.process.wait(timeout=5)
