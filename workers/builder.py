@@ -306,14 +306,15 @@ def _init_pool_process() -> None:
     import_tvm()
 
 
+@lru_cache(maxsize=1)
 def _build_process_context() -> multiprocessing.context.BaseContext:
     """How build processes start: forked from a fork server that has imported TVM once
     (workers.build_preload). Each of a node's 16-32 build slots then starts warm at once, instead
     of importing TVM in a process of its own, beside the first candidates' builds (8 slots were
     all warm after 3.0 s against 6.3 s on 2 cores: bench/first_builds.py). Not forked from this
     process, whose TVM thread pool may be alive: forking it can deadlock. The server's preload is
-    set once, before the server starts (on the first build process); it ends when this process
-    does, and a build process when its slot's pipe closes."""
+    set once (the first call), before the server starts on the first build process; the server
+    ends when this process does, and a build process when its slot's pipe closes."""
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(["workers.build_preload"])
     return ctx
