@@ -185,12 +185,16 @@ def main() -> None:
                   f"correct: {f['correct']}")
         return
     several = len(args.seeds) > 1
-    runs = [compare(workload, args, seed, args.out / f"seed-{seed}" if several else args.out) for seed in args.seeds]
+    runs: list[dict[str, Any]] = []
     figures: dict[str, Any] = {
         "workload": str(workload), "target": args.target, "trials": args.trials, "machine": machine(),
         "final_timing": {"number": FINAL_NUMBER, "repeat": FINAL_REPEAT, "min_repeat_ms": FINAL_MIN_MS},
         "runs": runs,
     }
+    for seed in args.seeds:
+        runs.append(compare(workload, args, seed, args.out / f"seed-{seed}" if several else args.out))
+        if args.json:  # after every seed: a run cut short (a device lease ending) keeps the seeds it finished
+            args.json.write_text(json.dumps(figures, indent=1))
     if several:
         summary = {key: [r[key] for r in runs] for key in ("wall_ratio_ms_over_farm", "latency_ratio_ms_over_farm")}
         for name in ("farm", "metaschedule"):
