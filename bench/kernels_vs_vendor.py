@@ -110,13 +110,14 @@ def tvm_default_build(wl: Workload, target: str, export: Path) -> Any:
     from farm.apply import best_config
     from farm.core.targets import parse_target
     from farm.core.task import Task
-    from farm.core.templates.base import tir_pipeline
+    from farm.core.templates.base import compile_context, tir_pipeline
 
     task = Task(wl, parse_target(target))
     config = best_config(task, export)
     assert config is not None, f"{export} holds no config for {wl}"
     mod = task.schedule(config).mod
-    return tvm.compile(mod, target=task.target.tvm(), tir_pipeline=tir_pipeline(mod))
+    with compile_context(mod):
+        return tvm.compile(mod, target=task.target.tvm(), tir_pipeline=tir_pipeline(mod))
 
 
 def retime_case(wl: Workload, target: str, exports: dict[str, Path], tvm_compile: bool = False,

@@ -22,7 +22,7 @@ from farm.core.space import Config
 from farm.core.targets import TargetSpec, parse_target
 from farm.core.task import Task
 from farm.core.templates import TEMPLATES, Template, arch_specific_hint, get_template
-from farm.core.templates.base import new_schedule, tir_pipeline
+from farm.core.templates.base import compile_context, cooperative_fetch, new_schedule, pipeline_loop, tir_pipeline
 from farm.core.templates.verify import verify_gpu
 from farm.core.workloads import PRESETS, Workload, make_workload
 
@@ -147,8 +147,7 @@ def test_cuda_template_compiles_and_passes_gpu_verification(case: tuple[Any, ...
         mod = template.schedule(wl, target, config).mod
         reason = verify_gpu(mod, target)
         assert reason is None, f"{wl} {config.dumps()}: {reason}"
-        lib = tvm.compile(mod, target=target.tvm(), tir_pipeline=tir_pipeline(mod))
-        source = lib.mod.imports[0].inspect_source("")
+        source = _cuda_source(mod, target)
         assert "__global__" in source, f"{wl} {config.dumps()}: no CUDA kernel in the compiled module"
 
 
@@ -209,7 +208,7 @@ def test_resnet_last_conv_space_is_autotvm_tutorial_size() -> None:
 
 @pytest.mark.parametrize(("case", "split_k", "fetch", "pipeline"), [
     ("resnet-last-conv", 8, 0, 0), ("resnet-last-conv", 64, 1, 0), ("matmul-1024", 16, 4, 0),
-    ("matmul-1024", 2, 2, 1), ("matmul-1024", 1, 4, 2), ("matmul-1024", 4, 0, 2), ("matmul-1024", 1, 4, 4),
+    ("matmul-1024", 2, 2, 1), ("matmul-1024", 1, 4, 2), ("matmul-1024", 4, 1, 2), ("matmul-1024", 1, 4, 4),
     ("spio-grouped", 2, 1, 0),
 ])
 def test_cuda_tiled_split_k_vector_loads_and_pipelining_compile_to_what_they_say(
@@ -226,11 +225,71 @@ def test_cuda_tiled_split_k_vector_loads_and_pipelining_compile_to_what_they_say
                       {**space.get(rng.randrange(space.size)).to_json(), **knobs})) is None)
     mod = template.schedule(wl, CUDA, config).mod
     assert verify_gpu(mod, CUDA) is None
-    source = tvm.compile(mod, target=CUDA.tvm()).mod.imports[0].inspect_source("")
+    source = _cuda_source(mod)
     assert source.count("__global__") == (2 if split_k > 1 else 1) * 2  # declared, then defined
-    if fetch > 1:
-        assert f"*(float{fetch}*)(A_ptr" in source and f"*(float{fetch}*)(B_ptr" in source
-    assert ("cp.async" in source) == (pipeline >= 2)
+    copies = _async_copies(source)
+    if pipeline >= 2:  # both tiles' copies asynchronous, no plain load of them left
+        assert {"A_shared", "B_shared"} <= set(copies)
+        assert not re.search(r"[(\[]\s*[AB]_ptr\s*[+\[]|[AB]_ptr\[", source), "a synchronous load of A or B"
+    else:
+        assert not copies
+        if fetch > 1:
+            assert f"*(float{fetch}*)(A_ptr" in source and f"*(float{fetch}*)(B_ptr" in source
+
+
+def test_async_pipelines_copy_a_k_major_tile_element_by_element_and_never_stride() -> None:
+    """Asynchronous copies of A's k-major tile go element by element (4-byte cp.async), since a
+    vector read along k lands down a column; fetch 0 (a thread's contiguous run) cannot pipeline
+    asynchronously. A hand-made schedule with the strided vector copy is rejected by
+    verify_gpu: TVM's cp.async injection would copy it contiguously."""
+    wl = make_workload("matmul", dict(M=256, N=128, K=64))
+    template = get_template(wl, "cuda")
+    space = template.space(wl, CUDA)
+    knobs = dict(tile_i=[2, 1, 16, 8], tile_j=[2, 1, 8, 8], tile_k=[8, 8, 1], auto_unroll_max_step=1500,
+                 unroll_explicit=1, split_k=1, fetch=4, pipeline=3, a_kmajor=1)
+    config = space.from_json(knobs)
+    assert template.check(wl, CUDA, config) is None
+    mod = template.schedule(wl, CUDA, config).mod
+    assert verify_gpu(mod, CUDA) is None
+    copies = _async_copies(_cuda_source(mod))
+    assert copies["A_shared"] == {4} and copies["B_shared"] == {16}
+    assert "coalesced fetching" in template.check(wl, CUDA, space.from_json({**knobs, "fetch": 0}))
+
+    def transposed_tile(vector: int) -> Any:
+        sch = new_schedule(wl)
+        block = sch.get_sblock("compute")
+        i, j, k = sch.get_loops(block)
+        (bi, ti), (bj, tj), (ko, ki) = sch.split(i, [None, 16]), sch.split(j, [None, 16]), sch.split(k, [None, 16])
+        sch.reorder(bi, bj, ko, ti, tj, ki)
+        for loop, tag in ((bi, "blockIdx.y"), (bj, "blockIdx.x"), (ti, "threadIdx.y"), (tj, "threadIdx.x")):
+            sch.bind(loop, tag)
+        for index in (0, 1):
+            shared = sch.cache_read(block, index, "shared")
+            sch.compute_at(shared, ko)
+            if index == 0:
+                sch.transform_layout(shared, ("write", 0), lambda row, kk: (kk, row))
+            cooperative_fetch(sch, shared, [16, 16], ["y", "x"], threads_outer=False,
+                              vector=vector if index == 0 else 4)
+        pipeline_loop(sch, ko, 2)
+        return sch.mod
+
+    assert "stride" in (verify_gpu(transposed_tile(4), CUDA) or "")
+    assert verify_gpu(transposed_tile(1), CUDA) is None
+
+
+def _cuda_source(mod: Any, target: TargetSpec = CUDA) -> str:
+    """The CUDA source the farm compiles the scheduled `mod` to (in its compile context)."""
+    with compile_context(mod):
+        return tvm.compile(mod, target=target.tvm(), tir_pipeline=tir_pipeline(mod)).mod.imports[0].inspect_source("")
+
+
+def _async_copies(source: str) -> dict[str, set[int]]:
+    """Shared buffer -> the byte sizes of the cp.async copies into it, in CUDA `source` (TVM's
+    ptx_cp_async helpers take the buffer first and are named by their sizes)."""
+    copies: dict[str, set[int]] = {}
+    for size, buffer in re.findall(r"ptx_cp_async\w*?_c[ag]_(\d+)\w*\((\w+?)(?:_ptr)?,", source):
+        copies.setdefault(buffer, set()).add(int(size))
+    return copies
 
 
 def test_cuda_tiled_a_kmajor_transposes_a_in_shared_memory_and_zeroes_once() -> None:
@@ -250,7 +309,7 @@ def test_cuda_tiled_a_kmajor_transposes_a_in_shared_memory_and_zeroes_once() -> 
         sch = template.schedule(wl, CUDA, config)
         shapes[kmajor] = tuple(int(x) for x in sch.get(sch.get_sblock("A_shared")).writes[0].source.shape)
         assert verify_gpu(sch.mod, CUDA) is None
-        source = tvm.compile(sch.mod, target=CUDA.tvm()).mod.imports[0].inspect_source("")
+        source = _cuda_source(sch.mod)
         loop = source.index("for (int k_0")
         assert "compute_local_ptr[63] = 0x0p+0f" in source[:loop] and "0x0p+0f" not in source[loop:]
     assert shapes == {0: (256, 64), 1: (64, 256)}
@@ -281,7 +340,7 @@ def test_cuda_tiled_refuses_what_could_not_run() -> None:
     assert "3 or more pipeline buffers need explicit unrolling" in (template.check(wl, CUDA, config) or "")
     config = space.from_json({**config.to_json(), "unroll_explicit": 1})
     assert template.check(wl, CUDA, config) is None
-    tvm.compile(template.schedule(wl, CUDA, config).mod, target=CUDA.tvm())
+    _cuda_source(template.schedule(wl, CUDA, config).mod)
 
 
 @pytest.mark.parametrize("preset", [*PRESETS, "matmul-1024"])
@@ -428,11 +487,12 @@ def test_cuda_tensorcore_compiles_to_wmma_with_float32_accumulators(pipeline: in
     assert template.check(wl, CUDA, config) is None
     mod = template.schedule(wl, CUDA, config).mod
     assert verify_gpu(mod, CUDA) is None
-    source = tvm.compile(mod, target=CUDA.tvm()).mod.imports[0].inspect_source("")
+    source = _cuda_source(mod)
     for call in ("load_matrix_sync", "mma_sync", "store_matrix_sync", "fill_fragment"):
         assert f"nvcuda::wmma::{call}" in source, call
     assert "wmma::accumulator, 16, 16, 16, float>" in source
-    assert ("cp.async" in source) == (pipeline >= 2)
+    # Both tiles' 8-half vectors copied by 16-byte cp.async into the (merged) dynamic shared memory.
+    assert _async_copies(source) == ({"buf_dyn_shmem": {16}} if pipeline >= 2 else {})
     if pipeline >= 2:
         assert f"cp.async.wait_group {pipeline - 2};" in source
 
@@ -518,7 +578,7 @@ def test_cuda_tensorcore_reads_each_stored_fragment_back(case: str, knobs: dict[
     wl = _workload(CUDA_CASES[case])
     template = get_template(wl, "cuda")
     config = template.space(wl, CUDA).from_json({**knobs, "store": 1})
-    source = tvm.compile(template.schedule(wl, CUDA, config).mod, target=CUDA.tvm()).mod.imports[0].inspect_source("")
+    source = _cuda_source(template.schedule(wl, CUDA, config).mod)
     staging = re.search(r"store_matrix_sync\(\(&\((\w+)\[", source).group(1)  # type: ignore[union-attr]
     stored = source.split(f"store_matrix_sync((&({staging}")[1:]
     assert len(stored) == config["tile_i"][2] * config["tile_j"][2] > 1

@@ -50,7 +50,7 @@ from farm.core.errors import one_line
 from farm.core.measure import Status
 from farm.core.targets import TargetSpec
 from farm.core.task import Task
-from farm.core.templates.base import tir_pipeline
+from farm.core.templates.base import compile_context, tir_pipeline
 from farm.core.tvm_import import import_tvm
 
 log = logging.getLogger("farm.builder")
@@ -130,17 +130,18 @@ def build_one(task_json: str, index: int, out_dir: str) -> BuildResult:
 
 
 def compile_module(mod: Any, target: TargetSpec) -> Any:
-    """`tvm.compile(mod, target)` with the device code compiled as every measured candidate's is
-    (`_DeviceCode`: nvcc -O3 for the target's arch), so that a kernel built from an export
-    (`farm.build`, `farm build`) is the code the farm measured. TVM's own compiler (NVRTC, with
-    fast math and its own ptxas options) made different code of the same schedule: one conv2d
-    config ran 52.5 µs built that way and 32.0 µs as the farm measured it (H100). Where TVM's
-    CUDA runtime is not loaded (a machine without a GPU), the library holds CUDA source, compiled
-    by the runtime where it is loaded; without nvcc, TVM's own compiler: either way a warning
-    says that the kernel may not be the one measured."""
+    """`tvm.compile(mod, target)` in the module's `compile_context`, with the device code compiled
+    as every measured candidate's is (`_DeviceCode`: nvcc -O3 for the target's arch), so that a
+    kernel built from an export (`farm.build`, `farm build`) is the code the farm measured. TVM's
+    own compiler (NVRTC, with fast math and its own ptxas options) made different code of the
+    same schedule: one conv2d config ran 52.5 µs built that way and 32.0 µs as the farm measured
+    it (H100). Where TVM's CUDA runtime is not loaded (a machine without a GPU), the library holds
+    CUDA source, compiled by the runtime where it is loaded; without nvcc, TVM's own compiler:
+    either way a warning says that the kernel may not be the one measured."""
     import tvm
 
-    with tempfile.TemporaryDirectory(prefix="farm-build-") as tmp, _DeviceCode.into(Path(tmp) / "kernel", target):
+    with (tempfile.TemporaryDirectory(prefix="farm-build-") as tmp, _DeviceCode.into(Path(tmp) / "kernel", target),
+          compile_context(mod)):
         lib = tvm.compile(mod, target=target.tvm(), tir_pipeline=tir_pipeline(mod))
         by_nvcc = _DeviceCode.done is not None
     if target.is_gpu and not by_nvcc:
@@ -157,7 +158,7 @@ def compile_into(mod: Any, target: TargetSpec, stem: Path, result: BuildResult) 
     Raises what TVM raises for a module it cannot compile."""
     import tvm
 
-    with _DeviceCode.into(stem, target):
+    with _DeviceCode.into(stem, target), compile_context(mod):
         try:
             lib = tvm.compile(mod, target=target.tvm(), tir_pipeline=tir_pipeline(mod))
         except Exception:

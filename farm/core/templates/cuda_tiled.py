@@ -75,7 +75,8 @@ PIPELINE_OF = {"matmul": PIPELINE}
 # the unrolled scalar loads) when the register copies are refilled one k at a time (tile_k's inner
 # factor 1) for large register tiles, the SIMT SGEMM structure of cuBLAS's kernels; row-major, they
 # are `tile_i`'s inner factor scalar loads (kernels-2026-11-25d.md). The copy into it still reads A
-# coalesced along k and stores down its columns.
+# coalesced along k and stores down its columns
+# (with asynchronous copies, one element per 4-byte cp.async).
 A_KMAJOR_OF = {"matmul": (0, 1)}
 # Threads per block of the kernel that adds up split-K's partial sums.
 SUM_THREADS = 256
@@ -118,6 +119,10 @@ class CudaTiled(Template, name="cuda.tiled", kind="cuda", workloads=tuple(_AXES)
         implicit_unroll = bool(config["auto_unroll_max_step"]) and not config["unroll_explicit"]
         if (reason := pipeline_error(config["pipeline"], outer // split, target, implicit_unroll)) is not None:
             return reason
+        if config["pipeline"] >= 2 and config["fetch"] == 0:
+            # One thread's contiguous run is a loop that TVM's async lowering turns into a DMA
+            # call CUDA cannot compile (base.compile_context).
+            return "asynchronous copies (pipeline >= 2) need coalesced fetching (fetch >= 1)"
         return shared_memory_error(_shared_bytes(wl, config) * pipeline_buffers(config["pipeline"]), target)
 
     def schedule(self, wl: Workload, target: TargetSpec, config: Config) -> Any:
@@ -180,10 +185,15 @@ class CudaTiled(Template, name="cuda.tiled", kind="cuda", workloads=tuple(_AXES)
         for i in range(2):
             shared = sch.cache_read(block, i, "shared")
             sch.compute_at(shared, reduce_outer[-1], preserve_unit_loops=True)
+            vector = max(fetch, 1)
             if i == 0 and config["a_kmajor"]:
                 sch.transform_layout(shared, ("write", 0), lambda row, k: (k, row))
-            cooperative_fetch(sch, shared, thread_extents, thread_dims, threads_outer=fetch == 0,
-                              vector=max(fetch, 1))
+                if config["pipeline"] >= 2:
+                    # A vector read along k lands down a column of the transposed tile: a strided
+                    # vector, which cp.async cannot copy (verify._strided_async_copy). Element by
+                    # element, each is a 4-byte cp.async.
+                    vector = 1
+            cooperative_fetch(sch, shared, thread_extents, thread_dims, threads_outer=fetch == 0, vector=vector)
         if wl.name != "matmul":
             # Padding goes into the shared copy, which then fills exactly the padded tile that
             # _shared_bytes counts. Inlined into `compute` instead, the copy reads `data` under

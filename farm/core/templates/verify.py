@@ -5,11 +5,14 @@ it checks is the code that would be generated), then runs TVM's `verify_gpu_code
 device kernel with the limits MetaSchedule's VerifyGPUCode postprocessor uses plus CUDA's
 per-dimension block limits, and checks the grid limits CUDA enforces at launch time (which TVM
 does not check). Virtual threads are lowered away before verification, as in MetaSchedule, so
-`max_vthread` never fires: templates bound vthreads in their `check`.
+`max_vthread` never fires: templates bound vthreads in their `check`. It also rejects a kernel
+whose asynchronous copies (a `pipeline` stage, base.PIPELINE) move strided vectors: TVM 0.27's
+``cp.async`` injection would copy them contiguously (base.compile_context).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from farm.core.targets import TargetSpec
@@ -19,7 +22,10 @@ from farm.core.templates.base import CUDA_MAX_BLOCK_DIM, CUDA_MAX_GRID_DIM, shar
 def lower(mod: Any, target: TargetSpec) -> Any:
     """`mod` after the TIR pipeline `tvm.compile` runs on it for `target` (its own, where it names
     one: base.tir_pipeline): host and device functions split, each with its `target` attribute
-    (the steps of `tvm.tirx.build` before code generation)."""
+    (the steps of `tvm.tirx.build` before code generation). Lowered in TVM's default pass
+    context, without base.compile_context's ``cp.async`` injection: the copies it would inject
+    stay visible as stores in ``async_scope`` attributes (`_strided_async_copy`); nothing else
+    `verify_gpu` checks depends on it."""
     import tvm
 
     tvm_target = target.tvm()
@@ -28,7 +34,8 @@ def lower(mod: Any, target: TargetSpec) -> Any:
     name = tir_pipeline(mod)
     factory = tvm.tirx.get_default_tir_pipeline(tvm_target) if name == "default" else tvm.tirx.get_tir_pipeline(name)
     pipeline, _, _ = factory
-    return pipeline(mod)
+    with tvm.transform.PassContext():
+        return pipeline(mod)
 
 
 def constraints(target: TargetSpec) -> dict[str, int]:
@@ -68,6 +75,8 @@ def verify_gpu(mod: Any, target: TargetSpec) -> str | None:
         static, dynamic = int(allocated.get("shared", 0)), int(allocated.get("shared.dyn", 0))
         if (reason := shared_memory_error(static, target, dynamic)) is not None:
             return f"kernel {gvar.name_hint}: {reason}"
+        if (reason := _strided_async_copy(func.body)) is not None:
+            return f"kernel {gvar.name_hint}: {reason}"
     # A kernel written in TIRx binds no loops to blockIdx: its template's `check` bounds its grid.
     return _grid_violation(mod) if tir_pipeline(mod) == "default" else None
 
@@ -91,6 +100,50 @@ def _violation(func: Any, limits: dict[str, int]) -> str:
         if found:
             return "; ".join(found)
     return "GPU constraints violated"
+
+
+def _statements(stmt: Any) -> Iterator[Any]:
+    """`stmt` and every statement nested in it, outermost first (TVM 0.27 has no Python visitor
+    for TIR statements)."""
+    from tvm import tirx
+
+    yield stmt
+    if isinstance(stmt, (tirx.For, tirx.While, tirx.AttrStmt)):
+        yield from _statements(stmt.body)
+    elif isinstance(stmt, tirx.SeqStmt):
+        for child in stmt.seq:
+            yield from _statements(child)
+    elif isinstance(stmt, tirx.IfThenElse):
+        yield from _statements(stmt.then_case)
+        if stmt.else_case is not None:
+            yield from _statements(stmt.else_case)
+
+
+def _strided_async_copy(body: Any) -> str | None:
+    """Why an asynchronous copy in the lowered kernel `body` would be miscompiled, if one would:
+    a store into shared memory, in an ``async_scope``, whose index or whose source's index is a
+    vector of stride other than 1. TVM's ``cp.async`` injection takes only such a vector's base,
+    so the copy would move contiguous elements instead (InjectPTXAsyncCopy, TVM 0.27)."""
+    import tvm
+    from tvm import tirx
+
+    for scope in _statements(body):
+        if not (isinstance(scope, tirx.AttrStmt) and scope.attr_key == "async_scope"):
+            continue
+        for store in _statements(scope.body):
+            if not (isinstance(store, tirx.BufferStore) and store.buffer.scope().startswith("shared")):
+                continue
+            value = store.value
+            if isinstance(value, tvm.ir.Call) and len(value.args) == 3:  # if_then_else(in bounds, load, 0)
+                value = value.args[1]
+            indices = [store.indices[-1]] + ([value.indices[-1]] if isinstance(value, tvm.ir.TensorLoad) else [])
+            for index in indices:
+                ramp = index.a if isinstance(index, tirx.Add) else index  # Add: a base in merged shared memory
+                unit = isinstance(ramp, tirx.Ramp) and isinstance(ramp.stride, tirx.IntImm) and ramp.stride.value == 1
+                if isinstance(ramp, tirx.Ramp) and not unit:
+                    return (f"an asynchronous copy into {store.buffer.name} moves vectors of stride {ramp.stride}, "
+                            "which TVM's cp.async lowering would copy contiguously")
+    return None
 
 
 def _grid_violation(mod: Any) -> str | None:
