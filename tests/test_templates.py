@@ -528,17 +528,53 @@ def test_conv_rewritten_as_a_matrix_product_computes_the_reference(name: str, pa
 
 
 @pytest.mark.parametrize("case", ["conv2d-fp16-tensorcore", "group-conv-fp16-tensorcore"])
-def test_cuda_tensorcore_convolutions_gather_their_tiles_from_the_input(case: str) -> None:
-    """No im2col buffer: the kernel's and the input's tiles are read from `kernel` and `data`
-    straight into shared memory, and the output is written from the shared tile into `epilogue`."""
+def test_cuda_tensorcore_convolutions_gather_their_tiles_or_store_the_im2col_matrix(case: str) -> None:
+    """`im2col` 0: no im2col buffer, the kernel's and the input's tiles are read from `kernel`
+    and `data` straight into shared memory, and the output is written from the shared tile into
+    `epilogue`. 1: a first kernel stores X[k, pixel] (one global buffer of K x N halves per
+    group), which the product's kernel reads in aligned vectors, by 16-byte cp.async where it
+    pipelines, and never `data` itself."""
+    from farm.core.templates.cuda_tensorcore import gemm_extents, groups
+
     wl = _workload(CUDA_CASES[case])
     template = get_template(wl, "cuda")
-    for config in valid_configs(template, wl, CUDA, count=3):
-        func = template.schedule(wl, CUDA, config).mod["main"]
+    space = template.space(wl, CUDA)
+    configs = valid_configs(template, wl, CUDA, count=3)
+    for config in configs + [space.from_json({**c.to_json(), "im2col": 1 - c["im2col"]}) for c in configs]:
+        assert template.check(wl, CUDA, config) is None
+        mod = template.schedule(wl, CUDA, config).mod
+        func = mod["main"]
         script = func.script()
-        assert "reindex_reindex" not in script and "pad = T.sblock_alloc_buffer" not in script
-        allocated = [buf.scope() for buf in func.body.block.alloc_buffers]
-        assert all(scope != "global" for scope in allocated), allocated
+        assert "pad = T.sblock_alloc_buffer" not in script
+        allocated = [(buf.scope(), [int(x) for x in buf.shape]) for buf in func.body.block.alloc_buffers]
+        stored = [shape for scope, shape in allocated if scope == "global"]
+        if not config["im2col"]:
+            assert "reindex_reindex" not in script and not stored, allocated
+            continue
+        g = groups(wl)
+        assert stored == [([g] if g > 1 else []) + list(gemm_extents(wl)[2:0:-1])], allocated
+        source = _cuda_source(mod)
+        product = source[source.rindex('extern "C" __global__'):]
+        assert source.count('extern "C" __global__') == 4 and "data_ptr" not in product
+        if config["pipeline"] >= 2 and config["vector"] >= 2:
+            assert _async_copies(product) == {"buf_dyn_shmem": {2 * config["vector"]}}
+
+
+def test_cuda_tensorcore_im2col_allows_8_half_vectors() -> None:
+    """The 8-lane vectors TVM cannot print for the im2col gather are plain copies of the stored
+    im2col matrix."""
+    wl = _workload(CUDA_CASES["conv2d-fp16-tensorcore"])
+    template = get_template(wl, "cuda")
+    knobs = dict(tile_i=[1, 1, 2], tile_j=[1, 2, 4], tile_k=[9, 1], vector=8, pad=8, pipeline=2,
+                 auto_unroll_max_step=0, store=1)
+    space = template.space(wl, CUDA)
+    assert "8-lane vectors" in (template.check(wl, CUDA, space.from_json({**knobs, "im2col": 0})) or "")
+    config = space.from_json({**knobs, "im2col": 1})
+    assert template.check(wl, CUDA, config) is None
+    mod = template.schedule(wl, CUDA, config).mod
+    assert verify_gpu(mod, CUDA) is None
+    source = _cuda_source(mod)
+    assert _async_copies(source[source.rindex('extern "C" __global__'):]) == {"buf_dyn_shmem": {16}}
 
 
 @pytest.mark.parametrize("case", ["matmul-fp16-tensorcore", "conv2d-fp16-tensorcore"])
@@ -556,7 +592,9 @@ def test_cuda_tensorcore_counts_the_staging_tvm_allocates(case: str) -> None:
     assert {config["store"] for config in configs} == {0, 1} and {config["pad"] for config in configs} == {0, 8}
     for config in configs:
         plain = template.space(wl, CUDA).from_json({**config.to_json(), "auto_unroll_max_step": 0})
-        kernel = lower(template.schedule(wl, CUDA, plain).mod, CUDA)["main_kernel"]
+        # With `im2col` 1 the product is the second kernel, after the one storing X.
+        lowered = lower(template.schedule(wl, CUDA, plain).mod, CUDA)
+        kernel = lowered["main_kernel_1" if plain["im2col"] else "main_kernel"]
         allocated = calculate_allocated_bytes(kernel)["main"]
         assert int(allocated["shared"]) == _staging_bytes(plain), plain.dumps()
         assert int(allocated["shared.dyn"]) == _input_bytes(plain), plain.dumps()

@@ -5,10 +5,18 @@ A conv2d is scheduled as the matrix product it is (implicit GEMM, as cuDNN's and
 tensor-core convolutions): C[f, p] = sum_k W[f, k] * X[k, p] with f the output channel, p the
 output pixel (n, y, x) and k the reduction (c, ky, kx). `_as_matmul` rewrites the ``compute``
 stage into that form (TVM's ``reindex``, ``transform_layout`` and ``transform_block_layout``);
-W is the kernel as it lies in memory, X the im2col view of the padded input, never stored: its
-tiles are gathered straight from the input into shared memory (the ``pad`` and ``reindex``
-stages inlined into those copies), and the output tile is written back in NCHW order. A grouped
-conv is one such product per group (f and c within the group), the groups on ``blockIdx.z``.
+W is the kernel as it lies in memory, X the im2col view of the padded input, and the output
+tile is written back in NCHW order. A grouped conv is one such product per group (f and c within
+the group), the groups on ``blockIdx.z``. X is built as `im2col` says:
+
+- 0: never stored. Its tiles are gathered straight from the input into shared memory (the
+  ``pad`` and ``reindex`` stages inlined into those copies), element by element: a 3x3 window's
+  shifts leave its rows unaligned and padded at the edges, so those 2-byte copies are never
+  asynchronous (``cp.async`` moves 4, 8 or 16 aligned bytes) and each waits for its load;
+- 1: stored whole in global memory by a first kernel (one thread per element, consecutive
+  threads along a row of X: coalesced stores), then copied into shared memory like a matmul's
+  B, in aligned vectors, asynchronously where `pipeline` says. It costs one more kernel and
+  K x N halves of traffic (7 MB for a ResNet 14x14 stage at batch 8), mostly in L2.
 
 The structure of TVM's tensor-core schedules (MetaSchedule's MultiLevelTilingTensorCore, the
 TensorIR tensorize tests): the output is tiled into 16x16 fragments, grouped
@@ -74,6 +82,8 @@ VECTOR = (1, 2, 4, 8)  # halves per load into shared memory (8: one 128-bit load
 # loads of neighbouring rows fall in different banks (8 halves: WMMA's 16-byte row alignment).
 PAD = (0, 8)
 UNROLL = (0, 64, 512)
+IM2COL = (0, 1)  # a convolution's X gathered into each tile (0) or stored by a kernel of its own (1)
+IM2COL_THREADS = 256  # threads per block of that kernel
 STORE = (0, 1)  # the accumulators go out through the block's whole tile (0) or a fragment at a time (1)
 OUT_VECTOR = 4  # floats per thread and load from a fragment's staging area (one 128-bit load)
 
@@ -108,6 +118,7 @@ class CudaTensorCore(Template, name="cuda.tensorcore", kind="cuda",
             ChoiceKnob("pipeline", list(PIPELINE)),
             ChoiceKnob("auto_unroll_max_step", list(UNROLL)),
             ChoiceKnob("store", list(STORE)),
+            ChoiceKnob("im2col", list(IM2COL) if wl.name != "matmul" else [0], default=0),
         ])
 
     def check(self, wl: Workload, target: TargetSpec, config: Config) -> str | None:
@@ -130,7 +141,7 @@ class CudaTensorCore(Template, name="cuda.tensorcore", kind="cuda",
         for what, size in (("the A tile", rows * depth), ("the B tile", depth * cols)):
             if size % (threads * vector):
                 return f"{what}'s {size} halves do not split into {threads} threads x {vector}"
-        if wl.name != "matmul" and vector == 8:
+        if wl.name != "matmul" and not config["im2col"] and vector == 8:
             # The im2col gather's indices then become 8-lane integer vectors, which TVM 0.27's
             # CUDA code generator prints as calls nvcc rejects (make_longlong4 with 8 arguments):
             # 6 of 14 such conv2d configs failed to build, none with 4 lanes or fewer.
@@ -195,8 +206,14 @@ class CudaTensorCore(Template, name="cuda.tensorcore", kind="cuda",
             sch.compute_at(fragment, k_frag)
             sch.tensorize(_fragments(sch, fragment), load)
 
-        for gather in gathers:  # W's and X's reads from the inputs, into the shared copies
-            sch.compute_inline(gather)
+        for index, gather in enumerate(gathers):  # W's and X's reads from the inputs
+            if index == 1 and config["im2col"]:  # X stored whole by a kernel of its own
+                _iterate_as_written(sch, gather)
+                blocks, threads = sch.split(sch.fuse(*sch.get_loops(gather)), [None, IM2COL_THREADS])
+                sch.bind(blocks, "blockIdx.x")
+                sch.bind(threads, "threadIdx.x")
+            else:  # into the shared copies
+                sch.compute_inline(gather)
         init = sch.decompose_reduction(block, k_outer)
         sch.tensorize(sch.get_loops(init)[-2], intrin.WMMA_FILL_16x16x16_F32_INTRIN)
         sch.tensorize(i_16, intrin.WMMA_SYNC_16x16x16_f16f16f32_INTRIN)
@@ -255,6 +272,18 @@ def _as_matmul(sch: Any, block: Any, wl: Workload) -> tuple[list[Any], Any | Non
     if has_block(sch, "pad"):
         sch.compute_inline(sch.get_sblock("pad"))  # into the im2col gather
     return gathers, scatter
+
+
+def _iterate_as_written(sch: Any, block: Any) -> None:
+    """Make `block` iterate over the buffer it writes, in its order: its innermost loop then runs
+    along the buffer's last axis, so that consecutive threads store consecutive elements. (A
+    reindex block iterates as the computation it came from: for X, kx innermost, a row of X
+    apart.)"""
+    from tvm.tirx import IndexMap
+
+    stmt = sch.get(block)
+    sch.transform_block_layout(block, IndexMap([iv.var for iv in stmt.iter_vars],
+                                               [r.min for r in stmt.writes[0].region], None))
 
 
 def _axes_to(used: list[int], variables: int, to: Any) -> Any:
