@@ -108,15 +108,11 @@ def _statements(stmt: Any) -> Iterator[Any]:
     from tvm import tirx
 
     yield stmt
-    if isinstance(stmt, (tirx.For, tirx.While, tirx.AttrStmt)):
-        yield from _statements(stmt.body)
-    elif isinstance(stmt, tirx.SeqStmt):
-        for child in stmt.seq:
+    children = list(stmt.seq) if isinstance(stmt, tirx.SeqStmt) else [
+        getattr(stmt, field, None) for field in ("body", "then_case", "else_case")]  # any kind that nests
+    for child in children:
+        if isinstance(child, tirx.Stmt):
             yield from _statements(child)
-    elif isinstance(stmt, tirx.IfThenElse):
-        yield from _statements(stmt.then_case)
-        if stmt.else_case is not None:
-            yield from _statements(stmt.else_case)
 
 
 def _strided_async_copy(body: Any) -> str | None:
