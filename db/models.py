@@ -128,7 +128,7 @@ class TaskRecord(Base):
     template_version: Mapped[str] = mapped_column(String(50))
     space_size: Mapped[int] = mapped_column(BigInteger)  # spaces reach 1.8e10 configs
     budget: Mapped[int] = mapped_column(Integer)
-    # template + target kind + workload name: tasks whose measurements train one cost model.
+    # template@version + target kind + workload name: tasks whose measurements train one cost model.
     family_key: Mapped[str] = mapped_column(String(300), index=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 

@@ -1,7 +1,7 @@
 """Zero-shot configs: the family's cost model picks configs for a shape nobody tuned (`farm predict`).
 
 Like spio's performance model, a prediction takes no tuning: the latest model of the task's
-family (same template, target kind and workload; farm.core.jobspec.family_key), trained on the shapes
+family (same template and version, target kind and workload; farm.core.jobspec.family_key), trained on the shapes
 the farm measured, ranks the new shape's configs. The search is `XGBSearch`'s annealing
 without random exploration, so the configs returned are valid (the template's check), distinct
 and diverse. Optionally they are measured on this machine, as `farm tune` would.

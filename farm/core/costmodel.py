@@ -1,6 +1,6 @@
 """The shared XGBoost cost model: ranks configs of a task by predicted speed.
 
-One model per family (template + target kind + workload name, farm.core.jobspec.family_key), trained on every
+One model per family (template@version + target kind + workload name, farm.core.jobspec.family_key), trained on every
 measured trial of the family's tasks, whatever their shape: the features (farm.core.features) carry
 the shape, and the labels are ranked within a shape only. So a model trained on some shapes
 ranks the configs of a shape it never saw (transfer, `farm predict`).

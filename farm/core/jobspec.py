@@ -35,8 +35,12 @@ RPC_KEY = re.compile(r"[A-Za-z0-9._@+-]{1,200}", re.ASCII)
 
 
 def family_key(task: Task) -> str:
-    """Tasks whose trials can train one cost model: same template, target kind, workload."""
-    return f"{task.template.name}|{task.target.kind}|{task.workload.name}"
+    """Tasks whose trials can train one cost model: same template at the same version, target
+    kind, workload. The version (a hash of the template's source, `Template.version`) is part of
+    it because a changed template can make other kernels of the same knob values (as real
+    cp.async did of every `pipeline` >= 2 config): trials of the old kernels would teach the
+    model latencies the new ones do not have."""
+    return f"{task.template.name}@{task.template.version}|{task.target.kind}|{task.workload.name}"
 
 
 @dataclass
