@@ -294,8 +294,9 @@ def _async_copies(source: str) -> dict[str, set[int]]:
 
 def test_cuda_tiled_a_kmajor_transposes_a_in_shared_memory_and_zeroes_once() -> None:
     """`a_kmajor` stores A's shared tile k-major, so that an 8x8 register tile refilled one k at a
-    time reads its 8 rows of A from consecutive addresses (which nvcc merges into LDS.128); the
-    accumulators are zeroed before the reduction loop, not inside it."""
+    time reads its 8 rows of A from consecutive addresses (which nvcc merges into LDS.128), its
+    rows padded to a stride of 4 over a multiple of 32 floats (the copies down its columns then
+    spread over the banks); the accumulators are zeroed before the reduction loop, not inside it."""
     wl = make_workload("matmul", dict(M=256, N=128, K=64))
     template = get_template(wl, "cuda")
     space = template.space(wl, CUDA)
@@ -313,6 +314,8 @@ def test_cuda_tiled_a_kmajor_transposes_a_in_shared_memory_and_zeroes_once() -> 
         loop = source.index("for (int k_0")
         assert "compute_local_ptr[63] = 0x0p+0f" in source[:loop] and "0x0p+0f" not in source[loop:]
     assert shapes == {0: (256, 64), 1: (64, 256)}
+    # A block's 8 k of its 128 rows, each row of the tile 132 floats apart: 1,056 floats.
+    assert "float A_shared_ptr[1056];" in source and "A_shared_ptr[v_.x]" in source
     # The 8 rows of A one thread reads at one k: consecutive in the k-major tile.
     rows = [f"A_shared_ptr[((((int)threadIdx.y) * 8) + {r})]" for r in range(1, 8)]
     assert all(row in source for row in rows)

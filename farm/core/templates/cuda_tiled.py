@@ -75,9 +75,14 @@ PIPELINE_OF = {"matmul": PIPELINE}
 # the unrolled scalar loads) when the register copies are refilled one k at a time (tile_k's inner
 # factor 1) for large register tiles, the SIMT SGEMM structure of cuBLAS's kernels; row-major, they
 # are `tile_i`'s inner factor scalar loads (kernels-2026-11-25d.md). The copy into it still reads A
-# coalesced along k and stores down its columns
-# (with asynchronous copies, one element per 4-byte cp.async).
+# coalesced along k and stores down its columns (with asynchronous copies, one element per 4-byte
+# cp.async). Unpadded, consecutive k of a column are a whole row of the tile apart, a multiple of
+# 32 banks for 32 rows or more: the stores of neighbouring threads hit one bank (4 ways with
+# float4 loads, up to 16 with cp.async; kernels-2026-11-26b.md). So the tile's rows are padded to
+# a stride of KMAJOR_PAD floats over a multiple of 32 banks (at most 2 ways), which keeps each
+# thread's rows 16-byte aligned for LDS.128.
 A_KMAJOR_OF = {"matmul": (0, 1)}
+KMAJOR_PAD = 4
 # Threads per block of the kernel that adds up split-K's partial sums.
 SUM_THREADS = 256
 
@@ -188,6 +193,7 @@ class CudaTiled(Template, name="cuda.tiled", kind="cuda", workloads=tuple(_AXES)
             vector = max(fetch, 1)
             if i == 0 and config["a_kmajor"]:
                 sch.transform_layout(shared, ("write", 0), lambda row, k: (k, row))
+                sch.storage_align(shared, 0, axis=0, factor=32, offset=KMAJOR_PAD)
                 if config["pipeline"] >= 2:
                     # A vector read along k lands down a column of the transposed tile: a strided
                     # vector, which cp.async cannot copy (verify._strided_async_copy). Element by
@@ -244,7 +250,8 @@ def _shared_bytes(wl: Workload, config: Config) -> int:
     tile = {a: prod(config[f"tile_{a}"][1:]) for a in _AXES[wl.name][0]}
     chunk = {a: prod(config[f"tile_{a}"][1:]) for a in _AXES[wl.name][1]}
     if wl.name == "matmul":
-        elements = tile["i"] * chunk["k"] + chunk["k"] * tile["j"]
+        rows = tile["i"] + (KMAJOR_PAD - tile["i"]) % 32 if config["a_kmajor"] else tile["i"]  # its stride
+        elements = rows * chunk["k"] + chunk["k"] * tile["j"]
     else:
         s, d = p["stride"], p.get("dilation", 1)
         channels = chunk["rc"]
