@@ -571,6 +571,8 @@ def test_cuda_tensorcore_im2col_allows_8_half_vectors() -> None:
     knobs = dict(tile_i=[1, 1, 2], tile_j=[1, 2, 4], tile_k=[9, 1], vector=8, pad=8, pipeline=2,
                  auto_unroll_max_step=0, store=1)
     space = template.space(wl, CUDA)
+    # Exports made before the knob name their configs without it: im2col defaults to 0, same index.
+    assert space.index(knobs) == space.index({**knobs, "im2col": 0})
     assert "8-lane vectors" in (template.check(wl, CUDA, space.from_json({**knobs, "im2col": 0})) or "")
     config = space.from_json({**knobs, "im2col": 1})
     assert template.check(wl, CUDA, config) is None
