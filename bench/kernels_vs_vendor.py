@@ -105,19 +105,16 @@ def time_side_by_side(fns: dict[str, Callable[[], Any]]) -> dict[str, dict[str, 
 def tvm_default_build(wl: Workload, target: str, export: Path) -> Any:
     """The export's kernel as TVM compiles it by default (NVRTC, fast math), not as the farm
     measured it (`farm.build`'s nvcc): the comparison behind `workers.builder.compile_module`."""
-    import tvm
 
     from farm.apply import best_config
     from farm.core.targets import parse_target
     from farm.core.task import Task
-    from farm.core.templates.base import compile_context, tir_pipeline
+    from farm.core.templates.base import compile_scheduled
 
     task = Task(wl, parse_target(target))
     config = best_config(task, export)
     assert config is not None, f"{export} holds no config for {wl}"
-    mod = task.schedule(config).mod
-    with compile_context(mod):
-        return tvm.compile(mod, target=task.target.tvm(), tir_pipeline=tir_pipeline(mod))
+    return compile_scheduled(task.schedule(config).mod, task.target)
 
 
 def retime_case(wl: Workload, target: str, exports: dict[str, Path], tvm_compile: bool = False,

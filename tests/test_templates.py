@@ -22,7 +22,13 @@ from farm.core.space import Config
 from farm.core.targets import TargetSpec, parse_target
 from farm.core.task import Task
 from farm.core.templates import TEMPLATES, Template, arch_specific_hint, get_template
-from farm.core.templates.base import compile_context, cooperative_fetch, new_schedule, pipeline_loop, tir_pipeline
+from farm.core.templates.base import (
+    compile_scheduled,
+    cooperative_fetch,
+    new_schedule,
+    pipeline_loop,
+    tir_pipeline,
+)
 from farm.core.templates.verify import verify_gpu
 from farm.core.workloads import PRESETS, Workload, make_workload
 
@@ -279,8 +285,7 @@ def test_async_pipelines_copy_a_k_major_tile_element_by_element_and_never_stride
 
 def _cuda_source(mod: Any, target: TargetSpec = CUDA) -> str:
     """The CUDA source the farm compiles the scheduled `mod` to (in its compile context)."""
-    with compile_context(mod):
-        return tvm.compile(mod, target=target.tvm(), tir_pipeline=tir_pipeline(mod)).mod.imports[0].inspect_source("")
+    return compile_scheduled(mod, target).mod.imports[0].inspect_source("")
 
 
 def _async_copies(source: str) -> dict[str, set[int]]:

@@ -50,7 +50,7 @@ from farm.core.errors import one_line
 from farm.core.measure import Status
 from farm.core.targets import TargetSpec
 from farm.core.task import Task
-from farm.core.templates.base import compile_context, tir_pipeline
+from farm.core.templates.base import compile_scheduled
 from farm.core.tvm_import import import_tvm
 
 log = logging.getLogger("farm.builder")
@@ -130,7 +130,7 @@ def build_one(task_json: str, index: int, out_dir: str) -> BuildResult:
 
 
 def compile_module(mod: Any, target: TargetSpec) -> Any:
-    """`tvm.compile(mod, target)` in the module's `compile_context`, with the device code compiled
+    """`tvm.compile(mod, target)` as `compile_scheduled` makes it, with the device code compiled
     as every measured candidate's is (`_DeviceCode`: nvcc -O3 for the target's arch), so that a
     kernel built from an export (`farm.build`, `farm build`) is the code the farm measured. TVM's
     own compiler (NVRTC, with fast math and its own ptxas options) made different code of the
@@ -138,11 +138,9 @@ def compile_module(mod: Any, target: TargetSpec) -> Any:
     it (H100). Where TVM's CUDA runtime is not loaded (a machine without a GPU), the library holds
     CUDA source, compiled by the runtime where it is loaded; without nvcc, TVM's own compiler:
     either way a warning says that the kernel may not be the one measured."""
-    import tvm
 
-    with (tempfile.TemporaryDirectory(prefix="farm-build-") as tmp, _DeviceCode.into(Path(tmp) / "kernel", target),
-          compile_context(mod)):
-        lib = tvm.compile(mod, target=target.tvm(), tir_pipeline=tir_pipeline(mod))
+    with tempfile.TemporaryDirectory(prefix="farm-build-") as tmp, _DeviceCode.into(Path(tmp) / "kernel", target):
+        lib = compile_scheduled(mod, target)
         by_nvcc = _DeviceCode.done is not None
     if target.is_gpu and not by_nvcc:
         why = "nvcc was not found" if shutil.which("nvcc") is None else "TVM's CUDA runtime is not loaded here (no GPU)"
@@ -156,11 +154,10 @@ def compile_into(mod: Any, target: TargetSpec, stem: Path, result: BuildResult) 
     """Compile `mod` for `target` into the library `stem`.so (with its device code, see the module
     docstring, for cuda); sets `result`'s library (cubin, source_sha) or its failure status.
     Raises what TVM raises for a module it cannot compile."""
-    import tvm
 
-    with _DeviceCode.into(stem, target), compile_context(mod):
+    with _DeviceCode.into(stem, target):
         try:
-            lib = tvm.compile(mod, target=target.tvm(), tir_pipeline=tir_pipeline(mod))
+            lib = compile_scheduled(mod, target)
         except Exception:
             done = _DeviceCode.done
             if done is not None and done.returncode != 0:  # nvcc refused TVM's source: the candidate's error

@@ -80,23 +80,25 @@ def tir_pipeline(mod: Any) -> str:
     return str(attrs[TIR_PIPELINE_ATTR]) if attrs is not None and TIR_PIPELINE_ATTR in attrs else "default"
 
 
-def compile_context(mod: Any) -> Any:
-    """The ``tvm.transform.PassContext`` to compile the scheduled module `mod` in (``with
-    compile_context(mod): tvm.compile(...)``), wherever the farm builds a kernel, so that every
-    build of a config makes the code that was measured.
+def compile_scheduled(mod: Any, target: TargetSpec) -> Any:
+    """``tvm.compile`` of the scheduled module `mod` for `target`, as every build of the farm
+    compiles it (so that every build of a config makes the code that was measured): through the
+    TIR pipeline the module names (`tir_pipeline`) and, on TVM's default one, with
+    ``tirx.use_async_copy`` on.
 
-    On TVM's default pipeline it turns on ``tirx.use_async_copy``: the copies of a `pipeline`
-    stage marked asynchronous then become ``cp.async``. TVM leaves it off, and without it those
-    copies stay ordinary loads and stores (wait_group calls around them, waiting for nothing),
-    which is what every `pipeline` >= 2 kernel measured before 2026-11-26 was. Two limits of TVM
-    0.27's lowering with it on, which templates keep clear of (`verify.verify_gpu` rejects the
-    first): its ``cp.async`` injection copies a vector from the base of its index, whatever the
-    stride (a strided vector copy comes out contiguous, wrong); and a loop in which one thread
-    copies a contiguous run becomes a DMA call that CUDA cannot compile."""
+    That option makes the copies of a `pipeline` stage marked asynchronous ``cp.async``. TVM
+    leaves it off, and without it those copies stay ordinary loads and stores (wait_group calls
+    around them, waiting for nothing), which is what every `pipeline` >= 2 kernel measured before
+    2026-11-26 was. Two limits of TVM 0.27's lowering with it on, which templates keep clear of
+    (`verify.verify_gpu` rejects the first): its ``cp.async`` injection copies a vector from the
+    base of its index, whatever the stride (a strided vector copy comes out contiguous, wrong);
+    and a loop in which one thread copies a contiguous run becomes a DMA call that CUDA cannot
+    compile."""
     import tvm
 
-    config = {"tirx.use_async_copy": True} if tir_pipeline(mod) == "default" else {}
-    return tvm.transform.PassContext(config=config)
+    pipeline = tir_pipeline(mod)
+    with tvm.transform.PassContext(config={"tirx.use_async_copy": True} if pipeline == "default" else {}):
+        return tvm.compile(mod, target=target.tvm(), tir_pipeline=pipeline)
 
 
 def new_schedule(wl: Workload) -> Any:
@@ -131,7 +133,7 @@ def shared_memory_error(static: int, target: TargetSpec, dynamic: int = 0) -> st
 # memory and then computes on them (the `pipeline` knob of the cuda templates): 0, none; 1, the
 # next step's tiles load into a second buffer, with ordinary loads, while this step computes;
 # n >= 2, n buffers filled by asynchronous copies (cp.async, sm_80 and later, as
-# `compile_context` compiles them): n - 1 steps' tiles in flight while one computes, the loads
+# `compile_scheduled` compiles them): n - 1 steps' tiles in flight while one computes, the loads
 # needing no registers.
 PIPELINE = (0, 1, 2, 3, 4)
 

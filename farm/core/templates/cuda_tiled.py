@@ -126,7 +126,7 @@ class CudaTiled(Template, name="cuda.tiled", kind="cuda", workloads=tuple(_AXES)
             return reason
         if config["pipeline"] >= 2 and config["fetch"] == 0:
             # One thread's contiguous run is a loop that TVM's async lowering turns into a DMA
-            # call CUDA cannot compile (base.compile_context).
+            # call CUDA cannot compile (base.compile_scheduled).
             return "asynchronous copies (pipeline >= 2) need coalesced fetching (fetch >= 1)"
         return shared_memory_error(_shared_bytes(wl, config) * pipeline_buffers(config["pipeline"]), target)
 

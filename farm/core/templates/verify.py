@@ -7,7 +7,7 @@ per-dimension block limits, and checks the grid limits CUDA enforces at launch t
 does not check). Virtual threads are lowered away before verification, as in MetaSchedule, so
 `max_vthread` never fires: templates bound vthreads in their `check`. It also rejects a kernel
 whose asynchronous copies (a `pipeline` stage, base.PIPELINE) move strided vectors: TVM 0.27's
-``cp.async`` injection would copy them contiguously (base.compile_context).
+``cp.async`` injection would copy them contiguously (base.compile_scheduled).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def lower(mod: Any, target: TargetSpec) -> Any:
     """`mod` after the TIR pipeline `tvm.compile` runs on it for `target` (its own, where it names
     one: base.tir_pipeline): host and device functions split, each with its `target` attribute
     (the steps of `tvm.tirx.build` before code generation). Lowered in TVM's default pass
-    context, without base.compile_context's ``cp.async`` injection: the copies it would inject
+    context, without base.compile_scheduled's ``cp.async`` injection: the copies it would inject
     stay visible as stores in ``async_scope`` attributes (`_strided_async_copy`); nothing else
     `verify_gpu` checks depends on it."""
     import tvm
