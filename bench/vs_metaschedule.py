@@ -113,7 +113,11 @@ def retime(workload: Workload, target: str, export: Path, ms_dir: Path) -> dict[
     database, _, _ = metaschedule_records(ms_dir)
     spec = parse_target(target)
     mod = tvm.IRModule({"main": workload.prim_func()})
-    ms_lib = tvm.compile(ms.tir_integration.compile_tir(database, mod, spec.tvm()).mod, target=spec.tvm())
+    best = ms.tir_integration.compile_tir(database, mod, spec.tvm())
+    if best is None:  # every candidate failed to build or run: there is no MetaSchedule kernel to time
+        raise SystemExit(f"vs_metaschedule: MetaSchedule recorded no valid candidate in {ms_dir} "
+                         "(its logs/ say why)")
+    ms_lib = tvm.compile(best.mod, target=spec.tvm())
     return final_timing(workload, target, {"farm": build(workload, spec, export), "metaschedule": ms_lib})
 
 
