@@ -13,7 +13,7 @@ import pytest
 from farm.core.costmodel import CostModel, train
 from farm.core.features import featurizer
 from farm.core.measure import MeasureResult, Status
-from farm.core.search import STRATEGIES, RandomSearch, XGBSearch, make_search
+from farm.core.search import QUICK_FIRST, STRATEGIES, RandomSearch, XGBSearch, make_search
 from farm.core.targets import parse_target
 from farm.core.task import Task
 from farm.core.workloads import make_workload
@@ -74,16 +74,19 @@ def test_contract_on_a_large_space_with_and_without_a_model(resnet_cuda: tuple[T
 
 
 @pytest.mark.parametrize("workload", ["seed-depthwise", "resnet-last-conv"])  # a permuted shard, a sampled one
-def test_without_a_model_it_is_random_search_with_the_same_seed_kept_to_quick_builds(workload: str) -> None:
-    """Unguided, it proposes RandomSearch's configs in RandomSearch's order, those without
-    unrolling only (QUICK_BUILD); once the shard has none left, the others."""
+def test_without_a_model_it_is_random_search_with_the_same_seed_first_kept_to_quick_builds(workload: str) -> None:
+    """Unguided, it proposes RandomSearch's configs in RandomSearch's order: the first
+    QUICK_FIRST without unrolling only (QUICK_BUILD), then every value."""
     task = Task(make_workload(workload), parse_target("cuda"))
     shard = task.space.shards(2)[1]
-    quick = [i for i in RandomSearch(task, shard, seed=7).propose(200)
-             if task.space.get(i)["auto_unroll_max_step"] == 0]
+    random_order = RandomSearch(task, shard, seed=7).propose(400)
+    quick = [i for i in random_order if task.space.get(i)["auto_unroll_max_step"] == 0]
     search = XGBSearch(task, shard, seed=7)
-    first = search.propose(10) + search.propose(10)
-    assert len(quick) >= 20 and first == quick[:20]
+    first = search.propose(10) + search.propose(10) + search.propose(30)
+    assert len(quick) >= QUICK_FIRST and first[:QUICK_FIRST] == quick[:QUICK_FIRST]
+    later = first[QUICK_FIRST:]
+    assert len(set(first)) == len(first) and set(later) <= set(random_order)
+    assert any(task.space.get(i)["auto_unroll_max_step"] != 0 for i in later)
 
 
 def test_unguided_proposals_go_on_when_no_quick_building_config_is_left() -> None:
@@ -92,7 +95,7 @@ def test_unguided_proposals_go_on_when_no_quick_building_config_is_left() -> Non
     valid = [i for i in shard if task.check(task.space.get(i)) is None]
     quick = [i for i in valid if task.space.get(i)["auto_unroll_max_step"] == 0]
     assert 0 < len(quick) < len(valid)
-    search = XGBSearch(task, shard, seed=3)
+    search = XGBSearch(task, shard, seed=3, quick_first=len(valid))
     first = search.propose(len(quick))
     assert sorted(first) == quick
     # The configs refused meanwhile stay in the shard's random order: every one comes out once.

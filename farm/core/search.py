@@ -41,6 +41,12 @@ _MAX_REJECTS = 20_000
 # (1.1 s at most) without unrolling and 1.0 to 3.3 s with it (up to 23 s). The first model's
 # proposals range over every value again.
 QUICK_BUILD: dict[str, KnobValue] = {"auto_unroll_max_step": 0}
+# How many of a shard's first unguided configs keep to QUICK_BUILD: a worker's first batch at the
+# default batch size, the single-candidate chunks that make the first trial quick
+# (scheduler.tuner). Only those: on 2 GPUs the first model came after 60 to 100 trials, all
+# quick-building until then, and each of the 20 fastest configs of resnet-last-conv in those jobs
+# unrolls, so the model-guided search started behind random search (kernels-2026-11-26b.md).
+QUICK_FIRST = 16
 
 
 class SearchStrategy(ABC):
@@ -143,9 +149,10 @@ class GridSearch(SearchStrategy):
 class XGBSearch(RandomSearch):
     """Simulated annealing on the cost model's score, with random exploration.
 
-    Until `set_model` gives it a trained model it is RandomSearch with the same seed, keeping to
-    the configs that compile quickly (`QUICK_BUILD`) while the shard has any: it proposes the
-    configs of RandomSearch's order that have those values, in that order. With a model, it
+    Until `set_model` gives it a trained model it is RandomSearch with the same seed, its first
+    `quick_first` configs kept to those that compile quickly (`QUICK_BUILD`) while the shard has
+    any: the configs of RandomSearch's order that have those values, in that order; then
+    RandomSearch's order over every value. With a model, it
     plans batches (again whenever a new model arrives or the plan is used up):
 
     - `chains` annealing chains start from the best configs this shard has measured (a fifth
@@ -167,7 +174,7 @@ class XGBSearch(RandomSearch):
     name = "xgb"
 
     def __init__(self, task: Task, shard: Shard, seed: int = 0, *, epsilon: float = 0.15, chains: int = 256,
-                 steps: int = 64, min_distance: int = 2, plan_size: int = 32) -> None:
+                 steps: int = 64, min_distance: int = 2, plan_size: int = 32, quick_first: int = QUICK_FIRST) -> None:
         super().__init__(task, shard, seed)
         self._seed = seed
         self.epsilon, self.chains, self.steps = epsilon, chains, steps
@@ -183,6 +190,7 @@ class XGBSearch(RandomSearch):
         # Whether a config has the quick-building values (None: the space has none of those knobs).
         self._quick: Callable[[Config], bool] | None = (
             (lambda config: all(config[name] == value for name, value in quick.items())) if quick else None)
+        self._quick_left = quick_first  # unguided configs still to keep to QUICK_BUILD
 
     @property
     def features(self) -> Featurizer:
@@ -202,8 +210,9 @@ class XGBSearch(RandomSearch):
         if n <= 0:
             return []
         if self.model is None:
-            out = self._draw(n, self._quick) if self._quick else []
-            if len(out) < n:  # the shard has no quick-building configs left
+            out = self._draw(min(n, self._quick_left), self._quick) if self._quick else []
+            self._quick_left -= len(out)
+            if len(out) < n:  # past the first configs, or the shard has no quick-building ones left
                 self._quick = None
                 out += self._draw(n - len(out))
             return out
