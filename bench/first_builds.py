@@ -1,6 +1,6 @@
-"""What a job's first, unguided candidates cost to build: the xgb search's first proposals (kept to
-quick-building configs, farm.core.search.QUICK_BUILD) against uniform random ones (what the xgb
-search proposed before it, and what `--search random` still does).
+"""What a job's first, unguided candidates cost to build: the xgb search's first proposals (a
+shard's first QUICK_FIRST kept to quick-building configs, farm.core.search.QUICK_BUILD) against
+uniform random ones (what the xgb search proposed before it, and what `--search random` still does).
 
     python bench/first_builds.py [--workload resnet-last-conv] [--params k=v ...] [--target cuda]
                                  [--shards 2] [--per-shard 16] [--slots N] [--seeds 3] [--json FILE]
