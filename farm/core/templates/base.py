@@ -101,12 +101,13 @@ def compile_scheduled(mod: Any, target: TargetSpec) -> Any:
         return tvm.compile(mod, target=target.tvm(), tir_pipeline=pipeline)
 
 
-def new_schedule(wl: Workload) -> Any:
-    """A fresh schedule of the workload's TE definition (stage names per farm.core.workloads)."""
+def new_schedule(wl: Workload, func: Any = None) -> Any:
+    """A fresh schedule of the workload's TE definition (stage names per farm.core.workloads), or
+    of `func`, a PrimFunc of the same computation and arguments written another way."""
     import tvm
     from tvm import s_tir
 
-    return s_tir.Schedule(tvm.IRModule({"main": wl.prim_func()}))
+    return s_tir.Schedule(tvm.IRModule({"main": wl.prim_func() if func is None else func}))
 
 
 # TVM's CUDA runtime (CUDAWrappedFunc) opts a kernel in to more shared memory from this much

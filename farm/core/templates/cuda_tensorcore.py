@@ -5,8 +5,9 @@ A conv2d is scheduled as the matrix product it is (implicit GEMM, as cuDNN's and
 tensor-core convolutions): C[f, p] = sum_k W[f, k] * X[k, p] with f the output channel, p the
 output pixel (n, y, x) and k the reduction (c, ky, kx). `_as_matmul` rewrites the ``compute``
 stage into that form (TVM's ``reindex``, ``transform_layout`` and ``transform_block_layout``);
-W is the kernel as it lies in memory, X the im2col view of the padded input, and the output
-tile is written back in NCHW order. A grouped conv is one such product per group (f and c within
+W is the kernel as it lies in memory (read through a view of it as a CO x K matrix,
+`_weights_as_matrix`), X the im2col view of the padded input, and the output tile is written
+back in NCHW order. A grouped conv is one such product per group (f and c within
 the group), the groups on ``blockIdx.z``. X is built as `im2col` says:
 
 - 0: never stored. Its tiles are gathered straight from the input into shared memory (the
@@ -51,6 +52,7 @@ stay on `cuda.tiled`. The intrinsics are TVM's own
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -141,11 +143,6 @@ class CudaTensorCore(Template, name="cuda.tensorcore", kind="cuda",
         for what, size in (("the A tile", rows * depth), ("the B tile", depth * cols)):
             if size % (threads * vector):
                 return f"{what}'s {size} halves do not split into {threads} threads x {vector}"
-        if wl.name != "matmul" and not config["im2col"] and vector == 8:
-            # The im2col gather's indices then become 8-lane integer vectors, which TVM 0.27's
-            # CUDA code generator prints as calls nvcc rejects (make_longlong4 with 8 arguments):
-            # 6 of 14 such conv2d configs failed to build, none with 4 lanes or fewer.
-            return "8-lane vectors of a conv2d's im2col gather do not compile (TVM's CUDA codegen)"
         if (reason := pipeline_error(config["pipeline"], steps, target)) is not None:
             return reason
         return shared_memory_error(_staging_bytes(config), target, _input_bytes(config))
@@ -153,7 +150,7 @@ class CudaTensorCore(Template, name="cuda.tensorcore", kind="cuda",
     def schedule(self, wl: Workload, target: TargetSpec, config: Config) -> Any:
         import tvm.s_tir.tensor_intrin.cuda as intrin
 
-        sch = new_schedule(wl)
+        sch = new_schedule(wl, None if wl.name == "matmul" else _weights_as_matrix(wl))
         block = sch.get_sblock("compute")
         gathers, scatter = _as_matmul(sch, block, wl)
         *group, i, j, k = sch.get_loops(block)
@@ -224,10 +221,48 @@ class CudaTensorCore(Template, name="cuda.tensorcore", kind="cuda",
         return sch
 
 
+# A convolution's kernel access as TVM prints it: kernel[f, c, ky, kx], each index free of
+# brackets and commas (block iteration variables, or 0 for an axis of extent 1).
+_KERNEL_ACCESS = re.compile(r"\bkernel\[([^\[\],]+), ([^\[\],]+), ([^\[\],]+), ([^\[\],]+)\]")
+_FUNC_ATTR = '    T.func_attr({"tirx.noalias": True})\n'
+
+
+def _weights_as_matrix(wl: Workload) -> Any:
+    """The convolution `wl` as a PrimFunc whose ``compute`` stage reads the kernel through
+    ``kernel_flat``, a view of the kernel's own memory as the matrix W[f, k] (CO x K, k = (c *
+    KH + ky) * KW + kx), where the workload reads kernel[f, c, ky, kx]. Same computation, same
+    arguments.
+
+    Why: W's tiles are copied along k. Read through the 4-D kernel, a copy computes (k // (KH *
+    KW), k // KW % KH, k % KW), and TVM 0.27 folds that back into k only where its simplifier
+    sees the whole pattern. In a software-pipelined loop the next step's k is shifted by the
+    tile's depth, and TVM normalises each term's shift on its own. For 7 of 11 depths tried on
+    a 3x3 kernel (16 to 384 halves; 5 of 7 on 5x5, 4 of 6 on 7x7), the copy then became a
+    gather of single halves, with vector index arithmetic and no ``cp.async``. With 8 lanes it
+    printed code that nvcc rejects. Through the view the index is k itself.
+
+    TVM's Python API has no IR mutator, so the view is made in TVMScript. The function is
+    printed, its two kernel accesses (the block's read region and its load) are rewritten, a
+    buffer sharing the kernel's data is declared, and the text is parsed again. The assertion
+    stops a TVM whose printer writes them another way."""
+    import tvm
+
+    co, ci, kh, kw = wl.input_shapes()[1]
+    script, accesses = _KERNEL_ACCESS.subn(
+        lambda m: f"kernel_flat[{m[1]}, ({m[2]} * {kh} + {m[3]}) * {kw} + {m[4]}]", wl.prim_func().script())
+    assert accesses == 2 and _FUNC_ATTR in script, f"TVM printed {wl}'s kernel accesses in an unexpected form"
+    view = f'    kernel_flat = T.decl_buffer(({co}, {ci * kh * kw}), "{wl.dtype}", data=kernel.data)\n'
+    return tvm.script.from_source(script.replace(_FUNC_ATTR, _FUNC_ATTR + view))
+
+
 def _as_matmul(sch: Any, block: Any, wl: Workload) -> tuple[list[Any], Any | None]:
     """Rewrite `block` (the ``compute`` stage) as C[i, j] += A[i, k] * B[k, j] over three loops,
     after one loop over the groups of a grouped conv; A is the block's read 0 and B its read 1,
     as every workload's definition lists them (farm.core.workloads).
+
+    A convolution's `block` must read its kernel through the matrix view of
+    `_weights_as_matrix`: A is then that view's W[f, k] (for a grouped conv, W[group * CO /
+    groups + f, k]).
 
     Returns the blocks that produce A and B from the inputs, to be inlined into the shared
     copies once those exist, and the block that copies C into the output's layout (none of
@@ -254,8 +289,9 @@ def _as_matmul(sch: Any, block: Any, wl: Workload) -> tuple[list[Any], Any | Non
 
     batch = 1 if groups(wl) > 1 else 0  # positions in gemm(v) of (f, pixel, k) start here
     f, p, k = batch, batch + 1, batch + 2
-    layouts = {("read", 0): (f, k), ("read", 1): (k, p), ("write", 0): (f, p)}  # W[f, k], X[k, p], C[f, p]
-    gathers = [sch.reindex(block, ("read", 0)), sch.reindex(block, ("read", 1))]
+    assert sch.get(block).reads[0].source.name == "kernel_flat", "read the kernel through _weights_as_matrix"
+    layouts = {("read", 1): (k, p), ("write", 0): (f, p)}  # X[k, p], C[f, p]
+    gather_x = sch.reindex(block, ("read", 1))
     scatter = sch.reindex(block, ("write", 0))
     variables = len(sch.get(block).iter_vars)
     for (kind, index), axes in layouts.items():
@@ -269,9 +305,14 @@ def _as_matmul(sch: Any, block: Any, wl: Workload) -> tuple[list[Any], Any | Non
             _axes_to(used, variables, lambda v, keep=keep: tuple(gemm(v)[a] for a in keep)),
             ndim=len(used), index_dtype="int32"))
     sch.transform_block_layout(block, IndexMap.from_func(lambda *v: gemm(v), ndim=variables, index_dtype="int32"))
+    # W's copy, made now that the block reads W[f, k] (per group: the group's rows) with k a
+    # variable of its own: its indices are the block's, and stay so when it is inlined into the
+    # shared copy. (The shared copy cannot read the view itself: TVM's cache_read then rewrites
+    # the view's declaration into the cache's.)
+    gather_w = sch.reindex(block, ("read", 0))
     if has_block(sch, "pad"):
         sch.compute_inline(sch.get_sblock("pad"))  # into the im2col gather
-    return gathers, scatter
+    return [gather_w, gather_x], scatter
 
 
 def _iterate_as_written(sch: Any, block: Any) -> None:
