@@ -211,13 +211,31 @@ def _validate_record(rec: Any, where: str, allow_stale: bool) -> Task:
     return task
 
 
+def _replays(task: Task, sch: Any) -> bool:
+    """Whether `sch`'s trace, replayed on the workload's own PrimFunc as MetaSchedule replays a
+    tuning record, makes the module `sch` made (not so where a template schedules the
+    computation written another way: cuda.tensorcore's convolutions)."""
+    import tvm
+
+    from farm.core.templates.base import new_schedule
+
+    replay = new_schedule(task.workload)
+    try:
+        sch.trace.apply_to_schedule(replay, remove_postproc=False)
+        tvm.ir.assert_structural_equal(replay.mod, sch.mod)
+    except (RuntimeError, ValueError):  # a step that does not apply (TVM's errors), or another module
+        return False
+    return True
+
+
 def write_metaschedule(records: list[dict[str, Any]], folder: str | Path) -> Path:
     """Write `records` as a MetaSchedule JSON database in `folder` (created; must not hold one).
 
     Each record becomes a workload (the kernel's unscheduled PrimFunc) and a tuning record
     whose trace is the template's schedule for the config, with the measured latencies.
     FarmError, before anything is written, for a record whose kernel is not a schedule of its
-    workload (a kernel written in TIRx, such as cuda.wgmma's): MetaSchedule could not replay it.
+    workload (a kernel written in TIRx, such as cuda.wgmma's, or scheduled from a rewritten
+    PrimFunc, such as cuda.tensorcore's convolutions): MetaSchedule could not replay it.
     """
     from tvm.s_tir import meta_schedule as ms
 
@@ -234,6 +252,10 @@ def write_metaschedule(records: list[dict[str, Any]], folder: str | Path) -> Pat
             raise FarmError(f"{task.template.name} kernels are written in TIRx, not scheduled, so MetaSchedule "
                             f"cannot replay them: export {task.workload} with --format farm (the default) and build "
                             "it with `farm build`")
+        if not _replays(task, sch):
+            raise FarmError(f"{task.template.name} schedules {task.workload} from a rewritten PrimFunc, so "
+                            "MetaSchedule's replay of its trace on the workload would build another kernel: export "
+                            "it with --format farm (the default) and build it with `farm build`")
 
     out = Path(folder)
     files = [out / "database_workload.json", out / "database_tuning_record.json"]

@@ -103,6 +103,23 @@ def test_metaschedule_database_refuses_a_kernel_written_in_tirx(tmp_path: Path) 
     assert not (tmp_path / "msdb").exists()
 
 
+def test_metaschedule_database_refuses_a_schedule_of_a_rewritten_prim_func(tmp_path: Path) -> None:
+    """cuda.tensorcore schedules a convolution that reads its kernel through a matrix view: the
+    trace, replayed on the workload's own PrimFunc, would build another kernel, so the database
+    is refused, in one error that says what to do, and nothing is written."""
+    task = Task(make_workload("conv2d_nchw", dict(N=2, CI=16, H=8, W=8, CO=32, KH=3, KW=3, pad=1,
+                                                  dtype="float16")), parse_target("cuda"))
+    assert task.template.name == "cuda.tensorcore"
+    config = dict(tile_i=[1, 2, 1], tile_j=[2, 1, 4], tile_k=[3, 3], vector=4, pad=0, pipeline=1,
+                  auto_unroll_max_step=64, store=0, im2col=0)
+    assert task.check(task.space.from_json(config)) is None
+    rec = {"workload": task.workload.to_json(), "target": task.target.to_json(), "config": config,
+           "latency_us": 10.0}
+    with pytest.raises(FarmError, match=r"rewritten PrimFunc.*--format farm.*farm build"):
+        write_metaschedule([rec], tmp_path / "msdb")
+    assert not (tmp_path / "msdb").exists()
+
+
 @pytest.mark.slow
 def test_merge_keeps_the_fastest_per_workload_target_device(tuned: Path) -> None:
     doc = load(tuned)
