@@ -123,7 +123,7 @@ for s in $STEPS; do
          # --clock-control none: the clocks as the timed runs see them (the device tool's METHOD.md).
          step "ncu-$name" 600 ncu --clock-control none --launch-count "${NCU_LAUNCHES:-6}" --section SpeedOfLight \
            --section Occupancy --section LaunchStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
-           --section WarpStateStats --section SchedulerStats python3 bench/kernels_vs_vendor.py --case="$NCU_CASE" \
+           --section WarpStateStats --section SchedulerStats --section SourceCounters python3 bench/kernels_vs_vendor.py --case="$NCU_CASE" \
            --seeds 1 --target "${NCU_TARGET:-${KERNEL_TARGET:-cuda}}" --retime --allow-stale --out "${KERNELS_DIR:?}" \
            "${configs[@]}" ;;
     *) echo "unknown step $s" >&2 ;;
