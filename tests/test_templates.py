@@ -284,7 +284,7 @@ def test_async_pipelines_copy_a_k_major_tile_element_by_element_and_never_stride
 
 
 def _cuda_source(mod: Any, target: TargetSpec = CUDA) -> str:
-    """The CUDA source the farm compiles the scheduled `mod` to (in its compile context)."""
+    """The CUDA source the farm compiles the scheduled `mod` to (`compile_scheduled`)."""
     return compile_scheduled(mod, target).mod.imports[0].inspect_source("")
 
 
