@@ -31,7 +31,9 @@
 #               with KERNEL_CONFIGS (;-separated LABEL=JSON, one case only) timed beside them
 #   ncu         Nsight Compute on NCU_CASE's seed-0 export in KERNELS_DIR and on PyTorch's kernel for it:
 #               the first NCU_LAUNCHES kernels of a retime (PyTorch's reference, then the farm's kernel,
-#               then each of KERNEL_CONFIGS' kernels, each launched once to check it);
+#               then each of KERNEL_CONFIGS' kernels, each launched once to check it), or with NCU_KERNEL
+#               the first NCU_LAUNCHES whose name matches that regex (TVM names the farm's kernels
+#               main_kernel*: cuDNN's layout transposes come before them otherwise);
 #               NCU_TARGET (default KERNEL_TARGET) is the export's target
 #   bash bench/gpu_session.sh OUTDIR [STEP ...]      (TRIALS=300, MS_TRIALS=128 by default)
 # OUTDIR/DONE appears when every step has ended (for a session run in the background and
@@ -120,8 +122,9 @@ for s in $STEPS; do
                  --json "$OUT/rekernels-$name.json"
              done ;;
     ncu) name=$(case_name "${NCU_CASE:?}")
+         only=(); [ -n "${NCU_KERNEL:-}" ] && only=(--kernel-name "regex:$NCU_KERNEL")
          # --clock-control none: the clocks as the timed runs see them (the device tool's METHOD.md).
-         step "ncu-$name" 600 ncu --clock-control none --launch-count "${NCU_LAUNCHES:-6}" --section SpeedOfLight \
+         step "ncu-$name" 600 ncu --clock-control none "${only[@]}" --launch-count "${NCU_LAUNCHES:-6}" --section SpeedOfLight \
            --section Occupancy --section LaunchStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
            --section WarpStateStats --section SchedulerStats --section SourceCounters python3 bench/kernels_vs_vendor.py --case="$NCU_CASE" \
            --seeds 1 --target "${NCU_TARGET:-${KERNEL_TARGET:-cuda}}" --retime --allow-stale --out "${KERNELS_DIR:?}" \
