@@ -22,15 +22,6 @@ from farm.export import load
 from workers.builder import compile_module
 
 
-def default_config(task: Task) -> Config:
-    """The template's fallback: the first config, in index order, that passes its check."""
-    for index in range(min(task.space.size, 1_000_000)):
-        config = task.space.get(index)
-        if task.check(config) is None:
-            return config
-    raise RuntimeError(f"{task.template.name} has no valid config for {task}")
-
-
 def _matches(rec: dict[str, Any], task: Task) -> bool:
     target = parse_target(rec["target"])
     same_device = target.kind == task.target.kind and (not target.is_gpu or target.arch == task.target.arch)
@@ -62,7 +53,7 @@ def build(workload: str | Workload, target: str | dict[str, Any] | TargetSpec, b
     task = Task(wl, parse_target(target))
     config = best_config(task, best, allow_stale)
     if config is None:
-        config = default_config(task)
+        config = task.default_config()
         where = f"in {best}" if best is not None else "given (no export)"
         warnings.warn(f"no tuned config for {wl} on {task.target} {where}: building with the default config",
                       stacklevel=2)

@@ -148,12 +148,12 @@ def test_farm_build_compiles_the_device_code_as_the_measured_candidate(
     """On a GPU node `farm.build` gets its device code from the builder's nvcc run, on the same
     source as the candidate's build: the kernel a user builds from an export is the code the
     farm measured, not TVM's own compile of it (NVRTC, fast math)."""
-    from farm.apply import build, default_config
+    from farm.apply import build
 
     sources = _count_nvcc(monkeypatch)
     _compile_as_a_gpu_node(monkeypatch)
     measured = BuildResult(0, {})
-    builder.compile_into(CUDA_TASK.schedule(default_config(CUDA_TASK)).mod, CUDA_TASK.target, tmp_path / "c", measured)
+    builder.compile_into(CUDA_TASK.schedule(CUDA_TASK.default_config()).mod, CUDA_TASK.target, tmp_path / "c", measured)
     with pytest.warns(UserWarning, match="building with the default config"):
         build(CUDA_TASK.workload, CUDA_TASK.target)
     assert measured.ok and len(sources) == 2 and sources[0] == sources[1]

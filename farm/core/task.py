@@ -28,6 +28,14 @@ class Task:
     def space(self) -> ConfigSpace:
         return self.template.space(self.workload, self.target)
 
+    def default_config(self) -> Config:
+        """The template's fallback: the first config, in index order, that passes its check."""
+        for index in range(min(self.space.size, 1_000_000)):
+            config = self.space.get(index)
+            if self.check(config) is None:
+                return config
+        raise RuntimeError(f"{self.template.name} has no valid config for {self}")
+
     def check(self, config: Config) -> str | None:
         """None if the config passes the template's pre-build validity check, else why not."""
         return self.template.check(self.workload, self.target, config)
