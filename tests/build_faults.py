@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 from workers.builder import BuildResult, build_one
@@ -26,3 +27,11 @@ def paced_build(task_json: str, index: int, out_dir: str) -> BuildResult:
     if index == SLOW:
         time.sleep(SLOW_SECONDS)
     return BuildResult(index, {})
+
+
+def warm_build_state(task_json: str, index: int, out_dir: str) -> BuildResult:
+    """Builds nothing: reports what this build process inherited from its fork server's cuda
+    warm-up build (workers.build_preload_cuda): its status, or None where the server made none."""
+    preload = sys.modules.get("workers.build_preload_cuda")
+    warm = getattr(preload, "result", None)
+    return BuildResult(index, {}, info={"warm_build": None if warm is None else ("ok" if warm.ok else warm.error)})

@@ -5,6 +5,8 @@ from __future__ import annotations
 import concurrent.futures as cf
 import json
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -157,6 +159,36 @@ def test_farm_build_compiles_the_device_code_as_the_measured_candidate(
     with pytest.warns(UserWarning, match="building with the default config"):
         build(CUDA_TASK.workload, CUDA_TASK.target)
     assert measured.ok and len(sources) == 2 and sources[0] == sources[1]
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (CUDA's compiler) on this machine")
+def test_warm_build_builds_a_small_kernel_of_each_kind() -> None:
+    for kind in ("llvm", "cuda"):
+        result = builder.warm_build(kind)
+        assert result.ok, (kind, result.error)
+
+
+_SLOT_STATE = """
+import json, sys
+from tests.build_faults import warm_build_state
+from tests.test_builder import TASK
+from workers.builder import ProcessPoolBuilder
+with ProcessPoolBuilder(workers=1, build=warm_build_state) as b:
+    b.warm(sys.argv[1])
+    print(json.dumps(b.build(TASK, [0])[0].info))
+"""
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (CUDA's compiler) on this machine")
+@pytest.mark.parametrize(("kind", "warm_build"), [("cuda", "ok"), ("llvm", None)])
+def test_a_cuda_builders_slots_fork_from_a_server_that_built_a_cuda_kernel(kind: str, warm_build: str | None) -> None:
+    """A process's first cuda build costs seconds when 32 start at once (workers/build_preload_cuda):
+    a cuda builder's fork server builds one first, so its slots start past it; an llvm builder's
+    does not. Each builder in a fresh process, as each process has one fork server."""
+    proc = subprocess.run([sys.executable, "-c", _SLOT_STATE, kind], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).parent.parent)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.splitlines()[-1]) == {"warm_build": warm_build}
 
 
 def test_farm_build_warns_where_its_cuda_code_cannot_be_the_measured_one() -> None:

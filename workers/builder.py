@@ -48,10 +48,11 @@ from typing import Any, Protocol
 
 from farm.core.errors import one_line
 from farm.core.measure import Status
-from farm.core.targets import TargetSpec
+from farm.core.targets import TargetSpec, parse_target
 from farm.core.task import Task
 from farm.core.templates.base import compile_scheduled
 from farm.core.tvm_import import import_tvm
+from farm.core.workloads import make_workload
 
 log = logging.getLogger("farm.builder")
 
@@ -305,17 +306,32 @@ def _init_pool_process() -> None:
 
 
 @lru_cache(maxsize=1)
-def _build_process_context() -> multiprocessing.context.BaseContext:
+def _build_process_context(kind: str) -> multiprocessing.context.BaseContext:
     """How build processes start: forked from a fork server that has imported TVM once
-    (workers.build_preload). Each of a node's 16-32 build slots then starts warm at once, instead
-    of importing TVM in a process of its own, beside the first candidates' builds (8 slots were
-    all warm after 3.0 s against 6.3 s on 2 cores: bench/first_builds.py). Not forked from this
-    process, whose TVM thread pool may be alive: forking it can deadlock. The server's preload is
-    set once (the first call), before the server starts on the first build process; the server
-    ends when this process does, and a build process when its slot's pipe closes."""
+    (workers.build_preload) and, for a cuda builder, built one small cuda kernel
+    (workers.build_preload_cuda). Each of a node's 16-32 build slots then starts warm at once,
+    instead of importing TVM in a process of its own, beside the first candidates' builds (8 slots
+    were all warm after 3.0 s against 6.3 s on 2 cores: bench/first_builds.py), and its first
+    cuda candidate builds as fast as its later ones (see build_preload_cuda). Not forked from this
+    process, whose TVM thread pool may be alive: forking it can deadlock.
+
+    The fork server is one per process and starts with the first build process, so the first
+    builder to start a slot sets its preload; a builder of another kind in the same process (a
+    service running llvm and cuda jobs) shares that server, its slots without the cuda build. The
+    server ends when this process does, and a build process when its slot's pipe closes."""
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["workers.build_preload"])
+    ctx.set_forkserver_preload(["workers.build_preload_cuda" if kind == "cuda" else "workers.build_preload"])
     return ctx
+
+
+def warm_build(kind: str) -> BuildResult:
+    """Build one small kernel for `kind` in this process (a 16x16x16 float32 matmul, its
+    template's first valid config; for cuda, nvcc included) and return its result: whatever a
+    first build sets up once per process is then set up for the processes forked from this one.
+    A failure (cuda without nvcc) is the result's status, as for any candidate."""
+    task = Task(make_workload("matmul", {"M": 16, "N": 16, "K": 16}), parse_target(kind))
+    with tempfile.TemporaryDirectory(prefix="farm-warm-") as out:
+        return build_one(json.dumps(task.to_json(), sort_keys=True), task.default_config().index, out)
 
 
 def warm_nvcc() -> float | None:
@@ -372,16 +388,10 @@ BuildFunction = Callable[[str, int, str], BuildResult]
 
 def _serve(conn: Connection, build: BuildFunction) -> None:
     """A build process: `build` each (task_json, index, out_dir) it is sent and send the
-    BuildResult back; ("warm", nvcc) answers once TVM is imported (and nvcc has run once, with
-    `nvcc`); None ends it."""
+    BuildResult back; "warm" answers once TVM is imported; None ends it."""
     _init_pool_process()
     while (message := conn.recv()) is not None:
-        if message[0] == "warm":
-            if message[1]:
-                warm_nvcc()
-            conn.send(None)
-        else:
-            conn.send(build(*message))
+        conn.send(None if message == "warm" else build(*message))
 
 
 # A task's stragglers: once STRAGGLER_SAMPLES of its candidates have built, one that takes more
@@ -422,14 +432,14 @@ class ProcessPoolBuilder:
         self._slots: list[threading.Thread] = []
         self._procs: dict[int, BaseProcess] = {}  # slot -> its build process
         self._lock = threading.Lock()
-        self._nvcc = False  # warm nvcc in the first slot's process (set by warm("cuda"))
+        self._kind = ""  # what the slots will build, once warm() says: their fork server's preload
 
     @property
     def workers(self) -> int:
         return self._workers
 
     def warm(self, kind: str) -> None:
-        self._nvcc = kind == "cuda"
+        self._kind = kind
         self._start_slots()
 
     def _start_slots(self) -> None:
@@ -455,13 +465,13 @@ class ProcessPoolBuilder:
         return [f.result() for f in self.submit(task, indices)]
 
     def _spawn(self, slot: int) -> tuple[BaseProcess, Connection]:
-        ctx = _build_process_context()
+        ctx = _build_process_context(self._kind)
         parent, child = ctx.Pipe()
         proc = ctx.Process(target=_serve, args=(child, self._build), daemon=True, name=f"farm-build-{slot}")
         proc.start()
         child.close()
         self._procs[slot] = proc
-        parent.send(("warm", self._nvcc and slot == 0))
+        parent.send("warm")
         return proc, parent
 
     def _run_slot(self, slot: int) -> None:
@@ -495,8 +505,7 @@ class ProcessPoolBuilder:
         proc.kill()
 
     def _ready(self, slot: int, proc: BaseProcess, conn: Connection) -> tuple[BaseProcess, Connection]:
-        """The slot's process once it has answered its warm-up (the first nvcc's seconds, maybe);
-        a new one if it died."""
+        """The slot's process once it has answered its warm-up; a new one if it died."""
         if proc.is_alive():
             try:
                 conn.recv()
