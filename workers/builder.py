@@ -317,8 +317,9 @@ def _build_process_context(kind: str) -> multiprocessing.context.BaseContext:
 
     The fork server is one per process and starts with the first build process, so the first
     builder to start a slot sets its preload; a builder of another kind in the same process (a
-    service running llvm and cuda jobs) shares that server, its slots without the cuda build. The
-    server ends when this process does, and a build process when its slot's pipe closes."""
+    service running llvm and cuda jobs) shares that server as it started (a cuda builder after an
+    llvm one: slots without the cuda build). The server ends when this process does, and a build
+    process when its slot's pipe closes."""
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(["workers.build_preload_cuda" if kind == "cuda" else "workers.build_preload"])
     return ctx
