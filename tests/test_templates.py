@@ -72,6 +72,10 @@ CUDA_CASES = {
     "matmul-fp16-tensorcore": ("matmul", dict(M=256, N=128, K=64, dtype="float16")),
     # The same workload on sm_90a: Hopper's wgmma, eight tiles of the reduction for its pipeline.
     "matmul-fp16-wgmma": ("matmul", dict(M=512, N=256, K=512, dtype="float16"), HOPPER),
+    # A convolution on wgmma: K = 64 x 9; 2 x 7 x 7 = 98 pixels, so the last tile of columns is partial.
+    "conv2d-fp16-wgmma": (
+        "conv2d_nchw", dict(N=2, CI=64, H=7, W=7, CO=64, KH=3, KW=3, pad=1, dtype="float16"), HOPPER
+    ),
     "conv2d-fp16-tensorcore": ("conv2d_nchw", dict(N=2, CI=16, H=8, W=8, CO=32, KH=3, KW=3, pad=1, dtype="float16")),
     "conv2d-fp16-tensorcore-stride2": (
         "conv2d_nchw", dict(N=4, CI=32, H=16, W=16, CO=16, KH=3, KW=3, stride=2, pad=1, dtype="float16")
@@ -386,6 +390,12 @@ def test_every_workload_has_a_template_per_kind() -> None:
     assert get_template(make_workload("matmul", dict(M=128, N=32, K=64, dtype="float16")), HOPPER).name \
         == "cuda.tensorcore"
     assert get_template(make_workload("matmul", dict(M=128, N=64, K=64)), HOPPER).name == "cuda.tiled"
+    # A convolution on wgmma where CO and CI x KH x KW are multiples of 64, whatever its pixels.
+    conv = dict(N=2, CI=64, H=7, W=7, CO=64, KH=3, KW=3, pad=1, dtype="float16")
+    assert get_template(make_workload("conv2d_nchw", conv), HOPPER).name == "cuda.wgmma"
+    assert get_template(make_workload("conv2d_nchw", conv), CUDA).name == "cuda.tensorcore"
+    assert get_template(make_workload("conv2d_nchw", {**conv, "CI": 16}), HOPPER).name == "cuda.tensorcore"
+    assert get_template(make_workload("conv2d_nchw", {**conv, "CO": 48}), HOPPER).name == "cuda.tensorcore"
 
 
 def test_a_hint_names_the_arch_specific_target_where_it_changes_the_template() -> None:
@@ -415,6 +425,51 @@ def test_cuda_wgmma_persistent_blocks_and_clusters_need_a_producer_and_enough_ti
                                  or "")
     assert "clusters of 2 block rows do not divide the 1" in (
         task.check(task.space.from_json({**pairs, "slices": 2, "tiles_per_block": 1})) or "")
+
+
+def test_cuda_wgmma_convolutions_gather_with_a_producer_and_no_cluster() -> None:
+    """A convolution's B tiles are gathered by the producer warpgroup: producer=1, cluster=1, and
+    one slice per warpgroup (ptxas serialises its wgmmas with two); its pixels need not fill the
+    last tile of columns."""
+    task = Task(make_workload("conv2d_nchw", dict(N=2, CI=64, H=7, W=7, CO=128, KH=3, KW=3, pad=1,
+                                                  dtype="float16")), HOPPER)
+    base = dict(warpgroups=1, slices=1, block_n=64, stages=4, raster=1, producer=1, tiles_per_block=2, cluster=1)
+    assert task.check(task.space.from_json(base)) is None  # 2 x 2 tiles, the second column of 34 pixels
+    assert "producer=1" in (task.check(task.space.from_json({**base, "producer": 0, "tiles_per_block": 1})) or "")
+    assert "cluster=1" in (task.check(task.space.from_json({**base, "cluster": 2})) or "")
+    assert "slices=1" in (task.check(task.space.from_json({**base, "slices": 2})) or "")
+    assert "> the 4 tiles of C" in (task.check(task.space.from_json({**base, "tiles_per_block": 8})) or "")
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (CUDA's compiler) on this machine")
+@pytest.mark.parametrize(("warpgroups", "slices", "block_n", "tiles_per_block"),
+                         [(1, 1, 64, 1), (2, 1, 128, 1), (1, 1, 256, 4), (2, 1, 192, 2)])
+def test_cuda_wgmma_convolution_builds_as_the_farm_builds_it(tmp_path: Path, warpgroups: int, slices: int,
+                                                              block_n: int, tiles_per_block: int) -> None:
+    """The fp16 conv2d 8x256x14x14 3x3 on wgmma, built as every candidate is: no spills, wgmmas kept
+    asynchronous, A by TMA and B gathered by all of the producer's threads into the 128-byte
+    swizzle (the XOR of a chunk with its row), which each fences for the async proxy before
+    arriving on a full barrier that expects them all, and the stores stopped at the last pixel."""
+    from workers import builder
+
+    task = Task(make_workload("conv2d_nchw", dict(N=8, CI=256, H=14, W=14, CO=256, KH=3, KW=3, pad=1,
+                                                  dtype="float16")), HOPPER)
+    assert task.template.name == "cuda.wgmma"
+    config = task.space.from_json(dict(warpgroups=warpgroups, slices=slices, block_n=block_n, stages=4, raster=1,
+                                       producer=1, tiles_per_block=tiles_per_block, cluster=1))
+    assert task.check(config) is None
+    result = builder.build_one(json.dumps(task.to_json()), config.index, str(tmp_path))
+    assert result.ok, result.error
+    assert result.info["spill_bytes"] == 0 and result.info["threads"] == 128 * (warpgroups + 1)
+    source = tvm.compile(task.schedule(config).mod, target=HOPPER.tvm(), tir_pipeline="tirx").mod.imports[0] \
+        .inspect_source("")
+    assert f"wgmma.mma_async.sync.aligned.m64n{block_n}k16.f32.f16.f16" in source
+    assert "cp.async.bulk.tensor.2d" in source and "multicast" not in source
+    assert "(uint)129)" in source  # the full barriers: thread 0's bytes, then the 128 gatherers
+    assert "fence_proxy_proxy_async_shared__cta" in source and " ^ " in source
+    assert "< 1568" in str(task.schedule(config).mod)  # 8 x 14 x 14 pixels: the gathers and the stores stop there
+    ptxas = builder._nvcc(source, HOPPER.arch, tmp_path / "again").stderr
+    assert "0 bytes stack frame" in ptxas and "serialized" not in ptxas, ptxas
 
 
 def test_blog_v4_depthwise_schedule_is_a_point_of_the_space() -> None:

@@ -42,7 +42,21 @@ clusters of two CTAs or one, as knobs), without their stream-K scheduling or pin
 - the tile order is grouped by `raster` block rows (neighbouring tiles share A and B tiles in
   L2), and the accumulators go straight from registers to C as half2 stores.
 
-Every tile is whole (`check`): M, N and K must be multiples of the block's tile and of 64.
+A conv2d (NCHW, groups 1) is the matrix product C[f, p] = W[f, k] X[k, p] of `cuda.tensorcore`'s
+module doc: A is the kernel as it lies in memory (CO x K, K = CI*KH*KW, loaded by TMA as a
+matmul's A), and B is the im2col view of the input, which no TMA box describes (a 3x3 window's
+shifts leave its rows unaligned). So the producer warpgroup gathers each B tile itself, element
+by element from the NCHW input (zeros in the padding and past the last pixel), into the layout
+TMA would have written (128-byte swizzled 64-column atoms), fences the writes for the async proxy
+that wgmma reads through and arrives on the stage's full barrier with its 128 threads (thread 0
+also arrives with A's bytes to expect). Column p of C is output pixel (n, y, x) = (p // (OH*OW),
+p % (OH*OW) // OW, p % OW), stored one half at a time, and the pixels need not fill the last
+tile: the gathers and stores stop at N*OH*OW. A block's gathers (2-byte loads with their index
+arithmetic) are issued by 4 warps and may outlast its wgmmas; cuDNN transposes the input to NHWC
+first instead (docs/benchmarks/kernels-2026-11-26d.md).
+
+Every tile is whole (`check`): a matmul's M, N and K, a convolution's CO and K, must be
+multiples of the block's tile and of 64.
 """
 
 from __future__ import annotations
@@ -52,6 +66,7 @@ from typing import Any
 from farm.core.space import ChoiceKnob, Config, ConfigSpace
 from farm.core.targets import TargetSpec
 from farm.core.templates.base import CUDA_MAX_GRID_DIM, TIR_PIPELINE_ATTR, Template, shared_memory_error
+from farm.core.templates.cuda_tensorcore import gemm_extents
 from farm.core.workloads import Workload
 
 ARCH = "sm_90a"  # wgmma exists only in sm_90's arch-specific variant
@@ -60,6 +75,7 @@ SLICE = 64  # rows of one wgmma (m64)
 TILE_K = 64  # halves of a 128-byte swizzled row: one TMA box of A is (64, rows)
 ATOM_N = 64  # columns of B per 128-byte swizzle atom (one TMA box)
 STEP_K = 16  # the reduction depth of one wgmma
+GATHER_BATCH = 32  # a convolution's producer threads' loads in flight at once (TILE_K * 64 / 128 divides)
 # A thread holds block_n / 2 float32 accumulators per slice; beyond 128 the registers for
 # addresses and descriptors no longer fit under CUDA's 255 per thread.
 MAX_ACCUMULATORS = 128
@@ -74,10 +90,14 @@ L2_PROMOTION_128B = 2  # CU_TENSOR_MAP_L2_PROMOTION_L2_128B
 BARRIER_BYTES = 8  # an mbarrier
 
 
-class CudaWgmma(Template, name="cuda.wgmma", kind="cuda", workloads=("matmul",)):
+class CudaWgmma(Template, name="cuda.wgmma", kind="cuda", workloads=("matmul", "conv2d_nchw")):
     def applies(self, wl: Workload, target: TargetSpec) -> bool:
-        return (target.arch == ARCH and wl.dtype == "float16"
-                and all(wl.p[axis] % SLICE == 0 for axis in ("M", "N", "K")))
+        if target.arch != ARCH or wl.dtype != "float16":
+            return False
+        m, n, k = gemm_extents(wl)
+        if _gathered(wl):  # any number of pixels (the last tile may be partial), at least one atom's
+            return m % SLICE == 0 and k % TILE_K == 0 and n >= ATOM_N
+        return m % SLICE == 0 and n % SLICE == 0 and k % SLICE == 0
 
     def space(self, wl: Workload, target: TargetSpec) -> ConfigSpace:
         return ConfigSpace([
@@ -100,16 +120,25 @@ class CudaWgmma(Template, name="cuda.wgmma", kind="cuda", workloads=("matmul",))
         if threads > target.limit("max_threads_per_block"):
             return f"{threads} threads per block > {target.limit('max_threads_per_block')}"
         rows, cols = _block_tile(config)
-        m, n, k = wl.p["M"], wl.p["N"], wl.p["K"]
-        if m % rows or n % cols:
+        m, n, k = gemm_extents(wl)
+        gathered = _gathered(wl)
+        if m % rows or (n % cols and not gathered):
             return f"a {rows}x{cols} block tile does not divide the {m}x{n} output"
         per_block, cluster = config["tiles_per_block"], config["cluster"]
+        if gathered and not config["producer"]:
+            return "a convolution's B tiles are gathered by a producer warpgroup: producer=1"
+        if gathered and cluster > 1:
+            return "a convolution's B tiles are gathered by each CTA, not multicast: cluster=1"
+        if gathered and config["slices"] > 1:
+            # ptxas serialised the wgmmas (C7514: "non wgmma instructions reading accumulator
+            # registers") of every convolution tried with two slices, and of none with one.
+            return "a convolution's wgmmas are serialised with slices=2: slices=1"
         if (per_block > 1 or cluster > 1) and not config["producer"]:
             return "tiles_per_block > 1 and clusters need producer=1 (a producer warpgroup paces the loads)"
         if (m // rows) % cluster:
             return f"clusters of {cluster} block rows do not divide the {m // rows} block rows"
         cluster_rows = m // rows // cluster
-        tiles = cluster_rows * (n // cols)  # of clusters
+        tiles = cluster_rows * -(-n // cols)  # of clusters
         if per_block > tiles:
             return f"tiles_per_block={per_block} > the {tiles} tiles of C per CTA of a cluster"
         if (blocks := -(-tiles // per_block) * cluster) > CUDA_MAX_GRID_DIM["x"]:
@@ -127,8 +156,13 @@ class CudaWgmma(Template, name="cuda.wgmma", kind="cuda", workloads=("matmul",))
         import tvm
         from tvm import s_tir
 
-        func = _kernel(wl.p["M"], wl.p["N"], wl.p["K"], config)
+        func = _kernel(wl, config)
         return s_tir.Schedule(tvm.IRModule({"main": func}).with_attr(TIR_PIPELINE_ATTR, "tirx"))
+
+
+def _gathered(wl: Workload) -> bool:
+    """Whether B's tiles are gathered by the producer (a convolution) rather than loaded by TMA."""
+    return wl.name == "conv2d_nchw"
 
 
 def _block_tile(config: Config) -> tuple[int, int]:
@@ -142,10 +176,13 @@ def _tile_bytes(config: Config) -> int:
     return config["stages"] * (rows + cols) * TILE_K * 2
 
 
-def _kernel(M: int, N: int, K: int, config: Config) -> Any:
-    """The TIRx PrimFunc of C[M, N] = A[M, K] @ B[K, N] (float16, float32 sums) for `config`."""
+def _kernel(wl: Workload, config: Config) -> Any:
+    """The TIRx PrimFunc of C[M, N] = A[M, K] @ B[K, N] (float16, float32 sums) for `config`: a
+    matmul's, or a convolution's (module doc: its B gathered, its C the NCHW output)."""
     from tvm.script import tirx as T
 
+    M, N, K = gemm_extents(wl)
+    gathered = _gathered(wl)
     warpgroups, slices, stages, producer = config["warpgroups"], config["slices"], config["stages"], config["producer"]
     bm, bn = _block_tile(config)
     consumers = WARPGROUP * warpgroups
@@ -154,7 +191,7 @@ def _kernel(M: int, N: int, K: int, config: Config) -> Any:
     atoms = bn // ATOM_N
     k_tiles = K // TILE_K
     cluster, per_block = config["cluster"], config["tiles_per_block"]
-    blocks_m, blocks_n = M // bm, N // bn
+    blocks_m, blocks_n = M // bm, -(-N // bn)  # a convolution's last column of tiles may be partial
     # The unit of work is a cluster's tile: `cluster` tiles of C one above the other, which share
     # their B tiles. Each CTA of the cluster computes one of them (its `rank`-th).
     rows = blocks_m // cluster  # rows of cluster tiles
@@ -166,7 +203,10 @@ def _kernel(M: int, N: int, K: int, config: Config) -> Any:
     b_base = stages * a_tile  # the B tiles follow the A tiles in the one dynamic buffer
     b_rows = TILE_K // cluster  # rows of each B atom one CTA loads, for every CTA of its cluster
     everyone = (1 << cluster) - 1  # the multicast's CTA mask
-    tile_bytes = (a_tile + b_tile) * 2  # what lands in each CTA per stage
+    # What TMA lands in each CTA per stage: A and B, or A alone where the producer gathers B, whose
+    # 128 threads then arrive on the full barrier too (besides thread 0's arrival with the bytes).
+    tile_bytes = (a_tile + (0 if gathered else b_tile)) * 2
+    full_arrivals = 1 + (WARPGROUP if gathered else 0)
     # A stage is free once every consumer warp of every CTA of the cluster is done with it (each
     # CTA's producer writes into all of them): lane 0 of each arrives on each CTA's empty barrier.
     releases = consumers // 32 * cluster
@@ -193,19 +233,64 @@ def _kernel(M: int, N: int, K: int, config: Config) -> Any:
     def tile_col(u: Any) -> Any:
         return u % width // group
 
+    if gathered:  # the convolution's geometry, for the gathers and the NCHW stores
+        _, _, in_h, in_w = wl.input_shapes()[0]
+        out_w = wl.output_shape()[3]
+        kh, kw = wl.p["KH"], wl.p["KW"]
+        stride, pad, dilation = wl.p["stride"], wl.p["pad"], wl.p["dilation"]
+        pixels = N // wl.p["N"]  # OH * OW, one image's columns of C
+
     # fmt: off
     @T.macro
-    def load(smem, bars, a_map, b_map, u, k, stage, rank):
-        # (one thread per CTA) reduction tile k of cluster tile u into `stage`: the CTA's own A
-        # rows, and its share of B's rows for every CTA of the cluster; it arrives on its full
-        # barrier with the bytes to expect (its own A, and all of B from the whole cluster)
+    def load_a(smem, bars, a_map, u, k, stage, rank):
+        # (one thread per CTA) arrive on the stage's full barrier with the bytes to expect (its own
+        # A, and all of B from the whole cluster where TMA loads B), and load A's rows of the CTA
         T.ptx.mbarrier.arrive.expect_tx.shared.b64(T.address_of(bars[stage]), T.uint32(tile_bytes))
         T.ptx[tma](T.address_of(smem[stage * a_tile]), T.address_of(a_map), k * TILE_K,
                    (tile_row(u) * cluster + rank) * bm, T.address_of(bars[stage]))
-        for atom in T.unroll(atoms):
-            T.ptx[b_load](T.address_of(smem[b_base + stage * b_tile + atom * TILE_K * ATOM_N + rank * b_rows * ATOM_N]),
-                          T.address_of(b_map), tile_col(u) * bn + atom * ATOM_N, k * TILE_K + rank * b_rows,
-                          T.address_of(bars[stage]), *b_mask)
+
+    @T.macro
+    def gather(smem, X, u, k, stage, tx):
+        # (every producer thread) B's reduction tile k of cluster tile u into `stage`, from the
+        # input X: element (r, col) is X's window value for reduction index k * 64 + r (channel,
+        # ky, kx) and pixel tile_col(u) * bn + col (image, y, x), zero in the padding and past the
+        # last pixel. It goes where TMA's box would put it: atom col // 64, row r, 16-byte chunk
+        # col % 64 // 8 swizzled with r % 8 (the 128-byte swizzle of a 1024-byte aligned atom).
+        # GATHER_BATCH loads in flight at once per thread (each waits for L2 otherwise); more hold
+        # registers that the consumers' accumulators need.
+        for batch in T.serial(TILE_K * bn // WARPGROUP // GATHER_BATCH):
+            for i in T.unroll(GATHER_BATCH):
+                e = T.meta_var((batch * GATHER_BATCH + i) * WARPGROUP + tx)  # row e // bn, column e % bn
+                r = T.meta_var(e // bn)
+                col = T.meta_var(e % bn)
+                red = T.meta_var(k * TILE_K + r)
+                p = T.meta_var(tile_col(u) * bn + col)
+                iy = T.meta_var(p % pixels // out_w * stride + red % (kh * kw) // kw * dilation - pad)
+                ix = T.meta_var(p % out_w * stride + red % kw * dilation - pad)
+                smem[b_base + stage * b_tile + col // ATOM_N * TILE_K * ATOM_N + r * ATOM_N
+                     + T.bitwise_xor(col % ATOM_N // 8, r % 8) * 8 + col % 8] = T.if_then_else(
+                    p < N and 0 <= iy and iy < in_h and 0 <= ix and ix < in_w,
+                    X[p // pixels, red // (kh * kw), iy, ix], T.float16(0))
+
+    @T.macro
+    def load(smem, bars, a_map, b_src, u, k, stage, rank, tx):
+        # reduction tile k of cluster tile u into `stage`: by one thread per CTA, A's rows and
+        # its share of B's for every CTA of the cluster, through TMA; where B is gathered, by
+        # every producer thread (thread 0 loading A), each fencing its writes for wgmma's async
+        # proxy before it arrives
+        if gathered:
+            if tx == 0:
+                load_a(smem, bars, a_map, u, k, stage, rank)
+            gather(smem, b_src, u, k, stage, tx)
+            T.ptx.fence.proxy.async_.shared__cta()
+            T.ptx.mbarrier.arrive.shared.b64(T.address_of(bars[stage]))
+        else:
+            load_a(smem, bars, a_map, u, k, stage, rank)
+            for atom in T.unroll(atoms):
+                T.ptx[b_load](T.address_of(smem[b_base + stage * b_tile + atom * TILE_K * ATOM_N
+                                                + rank * b_rows * ATOM_N]),
+                              T.address_of(b_src), tile_col(u) * bn + atom * ATOM_N, k * TILE_K + rank * b_rows,
+                              T.address_of(bars[stage]), *b_mask)
 
     @T.macro
     def release(bars, remote, stage, tx, rank):
@@ -220,9 +305,10 @@ def _kernel(M: int, N: int, K: int, config: Config) -> Any:
                 T.ptx.mbarrier.arrive.release.cluster.shared__cluster.b64(remote[0])
 
     @T.macro
-    def produce(smem, bars, a_map, b_map, c, rank):
-        # (one thread of the producer warpgroup) every reduction tile of the block's tiles of C,
-        # each once the whole cluster is done with its stage's previous tile
+    def produce(smem, bars, a_map, b_src, c, rank, tx):
+        # (one thread of the producer warpgroup; all of them where B is gathered) every reduction
+        # tile of the block's tiles of C, each once the whole cluster is done with its stage's
+        # previous tile
         for t in T.serial(per_block):
             u = T.meta_var(t * grid + c)
             if u < total:
@@ -230,10 +316,10 @@ def _kernel(M: int, N: int, K: int, config: Config) -> Any:
                     it = T.meta_var(t * k_tiles + k)
                     if it >= stages:
                         wait_empty(T.address_of(bars[stages + it % stages]), (it // stages - 1) % 2)
-                    load(smem, bars, a_map, b_map, u, k, it % stages, rank)
+                    load(smem, bars, a_map, b_src, u, k, it % stages, rank, tx)
 
     @T.macro
-    def consume(smem, bars, remote, a_map, b_map, acc, desc, C, c, rank, tx, warpgroup):
+    def consume(smem, bars, remote, a_map, b_src, acc, desc, C, c, rank, tx, warpgroup):
         # (every consumer thread) per tile of C, the reduction, tile by tile as the full barriers
         # complete, then the write-out
         for t in T.serial(per_block):
@@ -269,7 +355,7 @@ def _kernel(M: int, N: int, K: int, config: Config) -> Any:
                     else:
                         T.cuda.cta_sync()  # ... and so is every warpgroup: thread 0 reloads its stage
                         if tx == 0 and k >= 1 and k - 1 + stages < k_tiles:
-                            load(smem, bars, a_map, b_map, u, k - 1 + stages, (k - 1) % stages, rank)
+                            load(smem, bars, a_map, b_src, u, k - 1 + stages, (k - 1) % stages, rank, tx)
                 T.ptx.wgmma.wait_group.sync.aligned(0)
                 if producer == 1:  # the last reduction tile's stage, free for the next tile of C
                     release(bars, remote, (t * k_tiles + k_tiles - 1) % stages, tx, rank)
@@ -278,26 +364,43 @@ def _kernel(M: int, N: int, K: int, config: Config) -> Any:
                 for s in T.unroll(slices):
                     for j in T.unroll(bn // 8):
                         for half in T.unroll(2):
-                            for c2 in T.vectorized(2):
-                                C[block_m * bm + (warpgroup * slices + s) * SLICE + tx % WARPGROUP // 32 * 16
-                                  + tx % 32 // 4 + half * 8,
-                                  block_n * bn + j * 8 + tx % 4 * 2 + c2] = T.Cast(
-                                    "float16", acc[s * acc_n + j * 4 + half * 2 + c2])
+                            row = T.meta_var(block_m * bm + (warpgroup * slices + s) * SLICE
+                                             + tx % WARPGROUP // 32 * 16 + tx % 32 // 4 + half * 8)
+                            if gathered:  # column p is pixel p % pixels of image p // pixels, if any
+                                for c2 in T.unroll(2):
+                                    p = T.meta_var(block_n * bn + j * 8 + tx % 4 * 2 + c2)
+                                    if p < N:
+                                        C[p // pixels, row, p % pixels // out_w, p % out_w] = T.Cast(
+                                            "float16", acc[s * acc_n + j * 4 + half * 2 + c2])
+                            else:
+                                for c2 in T.vectorized(2):
+                                    C[row, block_n * bn + j * 8 + tx % 4 * 2 + c2] = T.Cast(
+                                        "float16", acc[s * acc_n + j * 4 + half * 2 + c2])
 
     @T.prim_func
-    def main(a_handle: T.handle, b_handle: T.handle, c_handle: T.handle) -> None:
+    def main(x_handle: T.handle, y_handle: T.handle, c_handle: T.handle) -> None:
         T.func_attr({"global_symbol": "main"})
-        A = T.match_buffer(a_handle, (M, K), "float16", align=16)
-        B = T.match_buffer(b_handle, (K, N), "float16", align=16)
-        C = T.match_buffer(c_handle, (M, N), "float16", align=16)
+        # The workload's arguments: a matmul's A, B and C; a convolution's input (B's source),
+        # kernel (A: CO x K as it lies in memory) and output.
+        if gathered:
+            X = T.match_buffer(x_handle, wl.input_shapes()[0], "float16", align=16)
+            A = T.match_buffer(y_handle, wl.input_shapes()[1], "float16", align=16)
+            C = T.match_buffer(c_handle, wl.output_shape(), "float16", align=16)
+            b_src = T.meta_var(X)
+        else:
+            A = T.match_buffer(x_handle, (M, K), "float16", align=16)
+            B = T.match_buffer(y_handle, (K, N), "float16", align=16)
+            C = T.match_buffer(c_handle, (M, N), "float16", align=16)
         # Tensor maps: (dims innermost first, row stride in bytes, box, element strides,
         # interleave, swizzle, L2 promotion, out-of-bounds fill).
         a_map: T.let[T.handle("tensormap")] = T.tvm_stack_alloca("tensormap", 1)
         T.call_packed("runtime.cuTensorMapEncodeTiled", a_map, "float16", 2, A.data, K, M, K * 2,
                       TILE_K, bm, 1, 1, 0, SWIZZLE_128B, L2_PROMOTION_128B, 0)
-        b_map: T.let[T.handle("tensormap")] = T.tvm_stack_alloca("tensormap", 1)
-        T.call_packed("runtime.cuTensorMapEncodeTiled", b_map, "float16", 2, B.data, N, K, N * 2,
-                      ATOM_N, b_rows, 1, 1, 0, SWIZZLE_128B, L2_PROMOTION_128B, 0)
+        if not gathered:
+            b_map: T.let[T.handle("tensormap")] = T.tvm_stack_alloca("tensormap", 1)
+            T.call_packed("runtime.cuTensorMapEncodeTiled", b_map, "float16", 2, B.data, N, K, N * 2,
+                          ATOM_N, b_rows, 1, 1, 0, SWIZZLE_128B, L2_PROMOTION_128B, 0)
+            b_src = T.meta_var(b_map)
 
         T.device_entry()
         if cluster > 1:  # a cluster launch: CTAs 2c and 2c + 1 are cluster c's ranks 0 and 1
@@ -317,7 +420,7 @@ def _kernel(M: int, N: int, K: int, config: Config) -> Any:
 
         if tx == 0:
             for s in T.unroll(stages):
-                T.ptx.mbarrier.init.shared.b64(T.address_of(bars[s]), T.uint32(1))
+                T.ptx.mbarrier.init.shared.b64(T.address_of(bars[s]), T.uint32(full_arrivals))
                 T.ptx.mbarrier.init.shared.b64(T.address_of(bars[stages + s]), T.uint32(releases))
         T.ptx.fence.proxy.async_.shared__cta()  # the barriers, initialised, before TMA uses them
         if cluster > 1:  # ... and before the other CTAs of the cluster multicast or arrive on them
@@ -326,17 +429,20 @@ def _kernel(M: int, N: int, K: int, config: Config) -> Any:
         else:
             T.cuda.cta_sync()
         if producer == 1:
-            # Warpgroup 0 produces (its thread 0 issues every load); the other warpgroups consume.
+            # Warpgroup 0 produces (its thread 0 issues every load, and all its threads gather
+            # where B is gathered); the other warpgroups consume.
             if tx < WARPGROUP:
-                if tx == 0:
-                    produce(smem, bars, a_map, b_map, pid // cluster, rank)
+                if gathered:
+                    produce(smem, bars, a_map, b_src, pid // cluster, rank, tx)
+                elif tx == 0:
+                    produce(smem, bars, a_map, b_src, pid // cluster, rank, tx)
             else:
-                consume(smem, bars, remote, a_map, b_map, acc, desc, C, pid // cluster, rank, tx, tx // WARPGROUP - 1)
+                consume(smem, bars, remote, a_map, b_src, acc, desc, C, pid // cluster, rank, tx, tx // WARPGROUP - 1)
         else:
             if tx == 0:  # one tile of C per block, no cluster (check): its first `stages` reduction tiles
                 for s in T.unroll(stages):
-                    load(smem, bars, a_map, b_map, pid, s, s, rank)
-            consume(smem, bars, remote, a_map, b_map, acc, desc, C, pid, rank, tx, tx // WARPGROUP)
+                    load(smem, bars, a_map, b_src, pid, s, s, rank, tx)
+            consume(smem, bars, remote, a_map, b_src, acc, desc, C, pid, rank, tx, tx // WARPGROUP)
         if cluster > 1:  # no CTA leaves while the others may still multicast into it or arrive on it
             T.cuda.cluster_sync()
     # fmt: on
