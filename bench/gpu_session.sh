@@ -19,6 +19,8 @@
 #   maxpool     bench/e2e_throughput.py on max pool 64x64x112x112 3x3 s2: 64 trials, 1 GPU, E2E_SEEDS
 #               seeds, each timed as a whole, with its per-candidate overhead and timeline
 #   startup     bench/startup_parts.py: a farm tune's start-up steps, each in fresh processes
+#   firstbuilds bench/first_builds.py on cuda, one build slot per core: how long the slots take to
+#               be warm, and the build seconds and statuses of a 2-GPU job's first batches
 #   check       bench/check_templates_gpu.py: every cuda template's random sample run against NumPy
 #               (CHECK_TARGET, default cuda; '{"kind":"cuda","arch":"sm_90a"}' puts fp16 matmuls on wgmma;
 #               CHECK_CASES, ;-separated: only those cases)
@@ -100,6 +102,8 @@ for s in $STEPS; do
     maxpool) step maxpool 900 python3 bench/e2e_throughput.py --target cuda --workload pool2d \
                --params N=64 C=64 H=112 W=112 KH=3 KW=3 stride=2 pad=1 kind=max --trials 64 --gpus 1 \
                --seeds "$E2E_SEEDS" --out "$OUT/maxpool" --json "$OUT/maxpool.json" ;;
+    firstbuilds) step firstbuilds 300 python3 bench/first_builds.py --target cuda --seeds 1 \
+                   --json "$OUT/firstbuilds.json" ;;
     startup) step startup 300 python3 bench/startup_parts.py --repeats "${STARTUP_REPEATS:-3}" --json "$OUT/startup.json" ;;
     check) checks=()
            if [ -n "${CHECK_CASES:-}" ]; then
