@@ -54,9 +54,17 @@ def test_a_real_jobs_metrics_pass_promtool_and_fill_every_panel(tmp_path: Path) 
 
         queries = dashboard_queries({"job": str(job.id)})
         assert len(queries) >= 20
-        # Series of a running job are removed when it ends: instant panels are read as of
-        # shortly before its end, range panels over the job's whole run.
-        at = end - 3
+        # Series of a running job are removed when it ends: instant panels are read as of the
+        # last evaluation at which Prometheus still had the job's progress (a fixed time before the
+        # end missed every scrape of a job that ran in a few seconds), range panels over its run.
+        progress = f'farm_task_trials_done{{job_id="{job.id}"}}'
+
+        def last_seen() -> float | None:
+            times = [float(t) for series in prometheus.query_range(progress, start, end, 0.5)
+                     for t, _ in series["values"]]
+            return max(times) if times else None
+
+        at = wait_for(last_seen, 30, "the job's progress in Prometheus")
 
         def empty() -> list[str]:
             return [q.name for q in queries if not has_finite_value(
