@@ -233,12 +233,17 @@ def _kernel(wl: Workload, config: Config) -> Any:
     def tile_col(u: Any) -> Any:
         return u % width // group
 
+    def loads(tx: Any) -> Any:
+        """Whether producer thread tx loads: thread 0 issues every TMA load; where B is
+        gathered, every producer thread gathers."""
+        return True if gathered else tx == 0
+
     if gathered:  # the convolution's geometry, for the gathers and the NCHW stores
         _, _, in_h, in_w = wl.input_shapes()[0]
         out_w = wl.output_shape()[3]
         kh, kw = wl.p["KH"], wl.p["KW"]
         stride, pad, dilation = wl.p["stride"], wl.p["pad"], wl.p["dilation"]
-        pixels = N // wl.p["N"]  # OH * OW, one image's columns of C
+        pixels = wl.output_shape()[2] * out_w  # OH * OW, one image's columns of C
 
     # fmt: off
     @T.macro
@@ -432,9 +437,7 @@ def _kernel(wl: Workload, config: Config) -> Any:
             # Warpgroup 0 produces (its thread 0 issues every load, and all its threads gather
             # where B is gathered); the other warpgroups consume.
             if tx < WARPGROUP:
-                if gathered:
-                    produce(smem, bars, a_map, b_src, pid // cluster, rank, tx)
-                elif tx == 0:
+                if loads(tx):
                     produce(smem, bars, a_map, b_src, pid // cluster, rank, tx)
             else:
                 consume(smem, bars, remote, a_map, b_src, acc, desc, C, pid // cluster, rank, tx, tx // WARPGROUP - 1)
