@@ -403,7 +403,8 @@ def test_every_workload_has_a_template_per_kind() -> None:
 
 def test_a_hint_names_the_arch_specific_target_where_it_changes_the_template() -> None:
     """`farm tune` of a float16 matmul on plain cuda (sm_90, WMMA) says which target puts it on
-    wgmma; nothing where the template would not change, or the target is sm_90a already."""
+    wgmma; nothing where the template would not change, or the target is sm_90a already, nor for
+    a float16 convolution, which wgmma would take but was measured slower there (HINTED)."""
     fp16 = make_workload("matmul", dict(M=4096, N=4096, K=4096, dtype="float16"))
     hint = arch_specific_hint(fp16, CUDA) or ""
     assert "--target '{\"kind\": \"cuda\", \"arch\": \"sm_90a\"}'" in hint
@@ -411,6 +412,8 @@ def test_a_hint_names_the_arch_specific_target_where_it_changes_the_template() -
     assert parse_target(json.loads(hint.split("'")[1])) == HOPPER  # the hint's target is a valid one
     assert arch_specific_hint(make_workload("matmul", dict(M=4096, N=4096, K=4096)), CUDA) is None
     assert arch_specific_hint(fp16, HOPPER) is None and arch_specific_hint(fp16, "llvm") is None
+    conv = make_workload("conv2d_nchw", dict(N=8, CI=256, H=14, W=14, CO=256, KH=3, KW=3, pad=1, dtype="float16"))
+    assert get_template(conv, HOPPER).name == "cuda.wgmma" and arch_specific_hint(conv, CUDA) is None
 
 
 def test_cuda_wgmma_persistent_blocks_and_clusters_need_a_producer_and_enough_tiles() -> None:
@@ -452,7 +455,9 @@ def test_cuda_wgmma_convolution_builds_as_the_farm_builds_it(tmp_path: Path, war
     """The fp16 conv2d 8x256x14x14 3x3 on wgmma, built as every candidate is: no spills, wgmmas kept
     asynchronous, A by TMA and B gathered by all of the producer's threads into the 128-byte
     swizzle (the XOR of a chunk with its row), which each fences for the async proxy before
-    arriving on a full barrier that expects them all, and the stores stopped at the last pixel."""
+    arriving on a full barrier that expects them all, and the stores stopped at the last pixel.
+    Every load of the input is unconditional, into the registers of a batch (a load under a
+    branch waited for the store before it: the loads went to L2 one at a time)."""
     from workers import builder
 
     task = Task(make_workload("conv2d_nchw", dict(N=8, CI=256, H=14, W=14, CO=256, KH=3, KW=3, pad=1,
@@ -471,6 +476,8 @@ def test_cuda_wgmma_convolution_builds_as_the_farm_builds_it(tmp_path: Path, war
     assert "(uint)129)" in source  # the full barriers: thread 0's bytes, then the 128 gatherers
     assert "fence_proxy_proxy_async_shared__cta" in source and " ^ " in source
     assert "< 1568" in str(task.schedule(config).mod)  # 8 x 14 x 14 pixels: the gathers and the stores stop there
+    staged = re.findall(r"(\w+)\[\d+\] = X_ptr\[", source)
+    assert set(staged) == {"staged_ptr"} and source.count("X_ptr[") == len(staged) == 32
     ptxas = builder._nvcc(source, HOPPER.arch, tmp_path / "again").stderr
     assert "0 bytes stack frame" in ptxas and "serialized" not in ptxas, ptxas
 

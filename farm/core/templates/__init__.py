@@ -33,6 +33,10 @@ def get_template(workload: Workload, target: TargetSpec | str) -> Template:
 # Arch-specific variants (CUDA's "a" suffix) that unlock a template the portable arch cannot use:
 # sm_90a's wgmma. A target asks for them itself, since their kernels run on that one arch only.
 ARCH_SPECIFIC = {"sm_90": "sm_90a"}
+# The workloads whose arch-specific template was measured faster than the portable one, the only
+# ones the hint names it for: cuda.wgmma's float16 matmuls. Its convolutions were 10x slower than
+# WMMA's on an H100 (207.9 us against 25.4 us, docs/benchmarks/kernels-2026-11-26e.md).
+HINTED = {"cuda.wgmma": ("matmul",)}
 
 
 def arch_specific_hint(workload: Workload, target: TargetSpec | str) -> str | None:
@@ -43,10 +47,10 @@ def arch_specific_hint(workload: Workload, target: TargetSpec | str) -> str | No
     if variant is None:
         return None
     current, better = get_template(workload, spec), get_template(workload, parse_target({**spec.doc, "arch": variant}))
-    if better.name == current.name:
+    if better.name == current.name or workload.name not in HINTED.get(better.name, ()):
         return None
     return (f"hint: --target '{{\"kind\": \"cuda\", \"arch\": \"{variant}\"}}' tunes this kernel with "
             f"{better.name} instead of {current.name} (kernels built for {variant} run on {spec.arch} GPUs alone)")
 
 
-__all__ = ["ARCH_SPECIFIC", "TEMPLATES", "Template", "arch_specific_hint", "get_template"]
+__all__ = ["ARCH_SPECIFIC", "HINTED", "TEMPLATES", "Template", "arch_specific_hint", "get_template"]

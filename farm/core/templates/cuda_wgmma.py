@@ -53,7 +53,10 @@ also arrives with A's bytes to expect). Column p of C is output pixel (n, y, x) 
 p % (OH*OW) // OW, p % OW), stored one half at a time, and the pixels need not fill the last
 tile: the gathers and stores stop at N*OH*OW. A block's gathers (2-byte loads with their index
 arithmetic) are issued by 4 warps and may outlast its wgmmas; cuDNN transposes the input to NHWC
-first instead (docs/benchmarks/kernels-2026-11-26d.md).
+first instead (docs/benchmarks/kernels-2026-11-26d.md). Each thread loads a batch of elements
+into registers from clamped positions, unconditionally, before it stores any: loads under the
+padding's branch went to L2 one at a time, and the first kernels run took 208 us where WMMA's
+took 25 (docs/benchmarks/kernels-2026-11-26e.md).
 
 Every tile is whole (`check`): a matmul's M, N and K, a convolution's CO and K, must be
 multiples of the block's tile and of 64.
@@ -261,11 +264,24 @@ def _kernel(wl: Workload, config: Config) -> Any:
         # ky, kx) and pixel tile_col(u) * bn + col (image, y, x), zero in the padding and past the
         # last pixel. It goes where TMA's box would put it: atom col // 64, row r, 16-byte chunk
         # col % 64 // 8 swizzled with r % 8 (the 128-byte swizzle of a 1024-byte aligned atom).
-        # GATHER_BATCH loads in flight at once per thread (each waits for L2 otherwise); more hold
-        # registers that the consumers' accumulators need.
+        # GATHER_BATCH loads in flight at once per thread: all of a batch's loads first, into
+        # registers, then its stores. Each load reads a clamped position, inside X whatever the
+        # window, so that no load is conditional: a load under a branch is issued only once the
+        # store before it has its value, and the loads then waited for L2 one after another
+        # (2026-11-26e: 13,000 cycles per reduction tile, a kernel 10x slower than WMMA's).
+        # The padding's zeros are selected in the second pass.
+        staged = T.alloc_buffer((GATHER_BATCH,), "float16", scope="local")
         for batch in T.serial(TILE_K * bn // WARPGROUP // GATHER_BATCH):
             for i in T.unroll(GATHER_BATCH):
                 e = T.meta_var((batch * GATHER_BATCH + i) * WARPGROUP + tx)  # row e // bn, column e % bn
+                red = T.meta_var(k * TILE_K + e // bn)
+                p = T.meta_var(T.min(tile_col(u) * bn + e % bn, N - 1))
+                iy = T.meta_var(p % pixels // out_w * stride + red % (kh * kw) // kw * dilation - pad)
+                ix = T.meta_var(p % out_w * stride + red % kw * dilation - pad)
+                staged[i] = X[p // pixels, red // (kh * kw), T.max(T.min(iy, in_h - 1), 0),
+                              T.max(T.min(ix, in_w - 1), 0)]
+            for i in T.unroll(GATHER_BATCH):
+                e = T.meta_var((batch * GATHER_BATCH + i) * WARPGROUP + tx)
                 r = T.meta_var(e // bn)
                 col = T.meta_var(e % bn)
                 red = T.meta_var(k * TILE_K + r)
@@ -274,8 +290,7 @@ def _kernel(wl: Workload, config: Config) -> Any:
                 ix = T.meta_var(p % out_w * stride + red % kw * dilation - pad)
                 smem[b_base + stage * b_tile + col // ATOM_N * TILE_K * ATOM_N + r * ATOM_N
                      + T.bitwise_xor(col % ATOM_N // 8, r % 8) * 8 + col % 8] = T.if_then_else(
-                    p < N and 0 <= iy and iy < in_h and 0 <= ix and ix < in_w,
-                    X[p // pixels, red // (kh * kw), iy, ix], T.float16(0))
+                    p < N and 0 <= iy and iy < in_h and 0 <= ix and ix < in_w, staged[i], T.float16(0))
 
     @T.macro
     def load(smem, bars, a_map, b_src, u, k, stage, rank, tx):
