@@ -127,8 +127,8 @@ def tune(
     if spec.is_gpu:
         gpus = gpu_count()
         if gpus == 0:
-            raise FarmError("no GPU visible here (nvidia-smi lists none): use --target llvm, "
-                            "or run on a machine with an NVIDIA GPU")
+            raise FarmError("no GPU visible here (nvidia-smi lists none, or CUDA_VISIBLE_DEVICES hides them): "
+                            "use --target llvm, or run on a machine with an NVIDIA GPU")
         workers = workers or gpus
     workers = workers or 1
     options = {"search": search, "workers": workers, "seed": seed, "batch_size": batch_size}

@@ -28,6 +28,7 @@ import sys
 AUTH_MODE_ENV = "RAY_AUTH_MODE"
 SINGLE_MACHINE_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 LOOPBACK = "127.0.0.1"
+VISIBLE_GPUS_ENV = "CUDA_VISIBLE_DEVICES"
 
 
 def init_ray(address: str | None = None) -> bool:
@@ -37,7 +38,8 @@ def init_ray(address: str | None = None) -> bool:
     A local instance listens on 127.0.0.1 only and requires Ray's token authentication (see the
     module docstring). On a machine without GPUs it gets one logical GPU resource per core, so
     that one worker actor per "device" can be placed, whatever number of devices a job asks for
-    up to the cores; those actors measure llvm kernels on the CPU.
+    up to the cores; those actors measure llvm kernels on the CPU. A GPU machine whose GPUs
+    CUDA_VISIBLE_DEVICES narrows gets those GPUs (Ray's own GPU ids are the visible ones).
     """
     if address:
         import ray
@@ -66,9 +68,18 @@ def init_ray(address: str | None = None) -> bool:
 
     gpus = gpu_count()
     logging.getLogger("ray").setLevel(logging.ERROR)  # its start-up notices are not the user's business
-    # address="local": a new instance of our own, never a `ray start` cluster running on this machine.
-    ray.init(address="local", _node_ip_address=LOOPBACK, num_gpus=gpus or os.cpu_count() or 1,
-             include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False, configure_logging=False)
+    # Ray refuses more GPU resources than CUDA_VISIBLE_DEVICES lists, and the logical GPUs of a
+    # machine without visible GPUs are no CUDA devices: Ray starts without it there (it was
+    # "Attempting to start raylet with 2 GPU, but CUDA_VISIBLE_DEVICES contains []" for llvm jobs
+    # with the GPUs hidden). The instance's processes inherit the environment it starts with.
+    hidden = os.environ.pop(VISIBLE_GPUS_ENV, None) if gpus == 0 else None
+    try:
+        # address="local": a new instance of our own, never a `ray start` cluster running on this machine.
+        ray.init(address="local", _node_ip_address=LOOPBACK, num_gpus=gpus or os.cpu_count() or 1,
+                 include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False, configure_logging=False)
+    finally:
+        if hidden is not None:
+            os.environ[VISIBLE_GPUS_ENV] = hidden
     return True
 
 

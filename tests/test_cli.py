@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import subprocess
 import sys
@@ -13,11 +14,14 @@ import pytest
 from farm.core.targets import parse_target
 from farm.core.task import Task
 from farm.core.workloads import make_workload
+from workers.device import visible_gpus
 
 
-def farm(*args: str, cwd: Path | None = None, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+def farm(*args: str, cwd: Path | None = None, timeout: float = 600,
+         env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`python -m farm ARGS`, with `env` added to this process's environment."""
     return subprocess.run([sys.executable, "-m", "farm", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=timeout)
+                          timeout=timeout, env={**os.environ, **(env or {})})
 
 
 def test_workloads_lists_everything_with_space_sizes() -> None:
@@ -85,11 +89,13 @@ def test_cuda_without_gpu_says_what_to_do(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_tune_end_to_end_on_llvm(tmp_path: Path) -> None:
-    """A real job: local tracker and RPC server, SQLite, progress, export."""
+    """A real job: local tracker and RPC server, SQLite, progress, export. With the GPUs hidden
+    as users hide them (CUDA_VISIBLE_DEVICES empty), which Ray refused for the logical GPUs that
+    place the llvm workers until the farm started it without that variable."""
     export = tmp_path / "best.json"
     proc = farm("tune", "conv2d_nchw", "N=1", "CI=16", "H=14", "W=14", "CO=32", "KH=3", "KW=3", "pad=1",
                 "--target", "llvm", "--trials", "20", "--db", f"sqlite:///{tmp_path}/farm.db",
-                "--export", str(export), cwd=tmp_path)
+                "--export", str(export), cwd=tmp_path, env={"CUDA_VISIBLE_DEVICES": ""})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "best for conv2d_nchw" in proc.stdout and "µs" in proc.stdout
     # Before the first trial it says what it is starting: the scheduler's start-up steps, one a line.
@@ -114,6 +120,18 @@ def test_tune_end_to_end_on_llvm(tmp_path: Path) -> None:
     assert status == "done"
     best = min(r[2] for r in rows if r[1] == "ok")
     assert rec["latency_us"] == pytest.approx(best * 1e6)
+
+
+def test_visible_gpus_are_those_cuda_visible_devices_names() -> None:
+    """nvidia-smi lists every GPU; CUDA shows a process those its CUDA_VISIBLE_DEVICES names, up
+    to the first entry that names none."""
+    assert visible_gpus(2, None) == 2 and visible_gpus(0, None) == 0
+    assert visible_gpus(2, "1") == 1 and visible_gpus(2, "1,0") == 2 and visible_gpus(2, " 0 , 1 ") == 2
+    assert visible_gpus(2, "") == 0 and visible_gpus(2, "-1") == 0 and visible_gpus(2, "-1,0") == 0
+    assert visible_gpus(2, "1,7,0") == 1  # index 7 names no GPU of 2: CUDA stops there
+    assert visible_gpus(2, "GPU-ec2c0d28-01ad,GPU-9657ca0a-29c2") == 2
+    assert visible_gpus(1, "0,GPU-ec2c0d28-01ad") == 1  # never more than the machine has
+    assert visible_gpus(0, "0") == 0
 
 
 @pytest.mark.slow

@@ -59,14 +59,32 @@ def cpu_model() -> str:
 
 @functools.cache
 def gpu_count() -> int:
-    """GPUs visible to this process (nvidia-smi), 0 when there are none. Asked once per process:
-    nvidia-smi takes a second or more on a GPU host, and `farm tune` needs the answer twice
-    (its worker count, Ray's GPU resources)."""
+    """GPUs this process may use, 0 when there are none: those nvidia-smi lists, narrowed by
+    CUDA_VISIBLE_DEVICES where it is set (`visible_gpus`; nvidia-smi itself ignores it). Asked
+    once per process: nvidia-smi takes a second or more on a GPU host, and `farm tune` needs the
+    answer twice (its worker count, Ray's GPU resources)."""
     try:
         out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20)
     except (OSError, subprocess.TimeoutExpired):
         return 0
-    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+    listed = sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+    return visible_gpus(listed, os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
+def visible_gpus(listed: int, visible: str | None) -> int:
+    """How many of a machine's `listed` GPUs CUDA shows a process whose CUDA_VISIBLE_DEVICES is
+    `visible` (None: unset, all of them): its comma-separated entries up to the first that names
+    no GPU (CUDA stops there: "1,7" on a 2-GPU machine is GPU 1 alone, "" and "-1" hide them all).
+    An entry is an index below `listed`, or a GPU or MIG UUID (taken to exist)."""
+    if visible is None:
+        return listed
+    count = 0
+    for entry in visible.split(","):
+        entry = entry.strip()
+        if not (entry.startswith(("GPU-", "MIG-")) or (entry.isdigit() and int(entry) < listed)):
+            break
+        count += 1
+    return min(count, listed)
 
 
 def kill_group(proc: subprocess.Popen[bytes]) -> None:
