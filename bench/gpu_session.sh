@@ -5,7 +5,8 @@
 #   smoke       a 24-trial cuda job on a small matmul: the cuda path works end to end
 #   throughput  farm runner vs stock MetaSchedule RPCRunner on 32 resnet-last-conv candidates
 #   tune        a TRIALS-trial cuda tuning job of resnet-last-conv, exported
-#   vsms        farm xgb (one GPU) vs stock ms.tune_tir, MS_TRIALS each, per seed of VSMS_SEEDS (default 0)
+#   vsms        farm xgb (one GPU) vs stock ms.tune_tir, MS_TRIALS each, per seed of VSMS_SEEDS (default 0),
+#               per case of VSMS_CASES (;-separated, default resnet-last-conv) into OUTDIR/vsms-CASE
 #               (bench/vs_metaschedule.py; about 405 s per seed for ms.tune_tir at 256 trials on an H200 host)
 #   search      xgb vs random search, trials to 95% of the best (bench/costmodel_search.py)
 #   zeroshot    farm predict on held-out conv2d shapes vs tuning them (bench/costmodel_zeroshot.py)
@@ -44,7 +45,7 @@ set -uo pipefail
 OUT=${1:?output folder}; shift
 STEPS=${*:-torch smoke throughput tune}
 TRIALS=${TRIALS:-300}
-MS_TRIALS=${MS_TRIALS:-128}; VSMS_SEEDS=${VSMS_SEEDS:-0}
+MS_TRIALS=${MS_TRIALS:-128}; VSMS_SEEDS=${VSMS_SEEDS:-0}; VSMS_CASES=${VSMS_CASES:-resnet-last-conv}
 KERNEL_CASES=${KERNEL_CASES:-resnet-last-conv;matmul M=1024 N=1024 K=1024}
 KERNEL_TRIALS=${KERNEL_TRIALS:-512}; KERNEL_SEEDS=${KERNEL_SEEDS:-3}
 FSEARCH_CASES=${FSEARCH_CASES:-resnet-last-conv;matmul M=1024 N=1024 K=1024;conv2d_nchw N=1 CI=256 H=14 W=14 CO=256 KH=3 KW=3 pad=1}
@@ -81,8 +82,12 @@ for s in $STEPS; do
              --preset resnet-last-conv --candidates 32 --json "$OUT/throughput.json" ;;
     tune) step tune 560 python3 -m farm tune resnet-last-conv --target cuda --trials "$TRIALS" \
              --db "sqlite:///$OUT/farm.db" --export "$OUT/best.json" --log-dir "$OUT/logs" ;;
-    vsms) step vsms 3000 python3 bench/vs_metaschedule.py --target cuda --trials "$MS_TRIALS" --seeds $VSMS_SEEDS \
-             --out "$OUT/vsms" --json "$OUT/vsms.json" ;;
+    vsms) IFS=';' read -ra cases <<< "$VSMS_CASES"
+          for case in "${cases[@]}"; do
+            name=$(case_name "$case"); read -ra words <<< "$case"
+            step "vsms-$name" 3000 python3 bench/vs_metaschedule.py --workload "${words[0]}" --params "${words[@]:1}" \
+              --target cuda --trials "$MS_TRIALS" --seeds $VSMS_SEEDS --out "$OUT/vsms-$name" --json "$OUT/vsms-$name.json"
+          done ;;
     search) step search 1500 python3 bench/costmodel_search.py --target cuda --budget 64 --seeds 2 \
              --random 128 --out "$OUT/search" --json "$OUT/search.json" ;;
     zeroshot) step zeroshot 1200 python3 bench/costmodel_zeroshot.py --target cuda --families conv2d \
