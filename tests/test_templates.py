@@ -434,24 +434,27 @@ def test_cuda_wgmma_persistent_blocks_and_clusters_need_a_producer_and_enough_ti
 
 
 def test_cuda_wgmma_convolutions_gather_with_a_producer_and_no_cluster() -> None:
-    """A convolution's B tiles are gathered by the producer warpgroup: producer=1, cluster=1, and
-    one slice per warpgroup (ptxas serialises its wgmmas with two); its pixels need not fill the
-    last tile of columns."""
+    """A convolution's B tiles are gathered by one or two producer warpgroups (never none),
+    cluster=1, and one slice per warpgroup (ptxas serialises its wgmmas with two); its pixels need
+    not fill the last tile of columns."""
     task = Task(make_workload("conv2d_nchw", dict(N=2, CI=64, H=7, W=7, CO=128, KH=3, KW=3, pad=1,
                                                   dtype="float16")), HOPPER)
     base = dict(warpgroups=1, slices=1, block_n=64, stages=4, raster=1, producer=1, tiles_per_block=2, cluster=1)
     assert task.check(task.space.from_json(base)) is None  # 2 x 2 tiles, the second column of 34 pixels
-    assert "producer=1" in (task.check(task.space.from_json({**base, "producer": 0, "tiles_per_block": 1})) or "")
+    assert list(task.space.knob("producer").values) == [1, 2]
+    assert task.check(task.space.from_json({**base, "producer": 2, "warpgroups": 2})) is None  # 512 threads
     assert "cluster=1" in (task.check(task.space.from_json({**base, "cluster": 2})) or "")
     assert "slices=1" in (task.check(task.space.from_json({**base, "slices": 2})) or "")
     assert "> the 4 tiles of C" in (task.check(task.space.from_json({**base, "tiles_per_block": 8})) or "")
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (CUDA's compiler) on this machine")
-@pytest.mark.parametrize(("warpgroups", "slices", "block_n", "tiles_per_block"),
-                         [(1, 1, 64, 1), (2, 1, 128, 1), (1, 1, 256, 4), (2, 1, 192, 2)])
+@pytest.mark.parametrize(("warpgroups", "slices", "block_n", "tiles_per_block", "producer"),
+                         [(1, 1, 64, 1, 1), (2, 1, 128, 1, 1), (1, 1, 256, 4, 1), (2, 1, 192, 2, 1),
+                          (2, 1, 64, 1, 2), (1, 1, 128, 2, 2)])
 def test_cuda_wgmma_convolution_builds_as_the_farm_builds_it(tmp_path: Path, warpgroups: int, slices: int,
-                                                              block_n: int, tiles_per_block: int) -> None:
+                                                              block_n: int, tiles_per_block: int,
+                                                              producer: int) -> None:
     """The fp16 conv2d 8x256x14x14 3x3 on wgmma, built as every candidate is: no spills, wgmmas kept
     asynchronous, A by TMA and B gathered by all of the producer's threads into the 128-byte
     swizzle (the XOR of a chunk with its row), which each fences for the async proxy before
@@ -464,20 +467,22 @@ def test_cuda_wgmma_convolution_builds_as_the_farm_builds_it(tmp_path: Path, war
                                                   dtype="float16")), HOPPER)
     assert task.template.name == "cuda.wgmma"
     config = task.space.from_json(dict(warpgroups=warpgroups, slices=slices, block_n=block_n, stages=4, raster=1,
-                                       producer=1, tiles_per_block=tiles_per_block, cluster=1))
+                                       producer=producer, tiles_per_block=tiles_per_block, cluster=1))
     assert task.check(config) is None
     result = builder.build_one(json.dumps(task.to_json()), config.index, str(tmp_path))
     assert result.ok, result.error
-    assert result.info["spill_bytes"] == 0 and result.info["threads"] == 128 * (warpgroups + 1)
+    assert result.info["spill_bytes"] == 0 and result.info["threads"] == 128 * (warpgroups + producer)
     source = tvm.compile(task.schedule(config).mod, target=HOPPER.tvm(), tir_pipeline="tirx").mod.imports[0] \
         .inspect_source("")
     assert f"wgmma.mma_async.sync.aligned.m64n{block_n}k16.f32.f16.f16" in source
     assert "cp.async.bulk.tensor.2d" in source and "multicast" not in source
-    assert "(uint)129)" in source  # the full barriers: thread 0's bytes, then the 128 gatherers
+    assert f"(uint){1 + 128 * producer})" in source  # the full barriers: thread 0's bytes, then the gatherers
     assert "fence_proxy_proxy_async_shared__cta" in source and " ^ " in source
     assert "< 1568" in str(task.schedule(config).mod)  # 8 x 14 x 14 pixels: the gathers and the stores stop there
     staged = re.findall(r"(\w+)\[\d+\] = X_ptr\[", source)
-    assert set(staged) == {"staged_ptr"} and source.count("X_ptr[") == len(staged) == 32
+    # 64 x block_n elements per tile over the gatherers, in batches of at most 32
+    assert set(staged) == {"staged_ptr"}
+    assert source.count("X_ptr[") == len(staged) == min(32, 64 * block_n // (128 * producer))
     ptxas = builder._nvcc(source, HOPPER.arch, tmp_path / "again").stderr
     assert "0 bytes stack frame" in ptxas and "serialized" not in ptxas, ptxas
 

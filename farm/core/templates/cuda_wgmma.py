@@ -45,18 +45,18 @@ clusters of two CTAs or one, as knobs), without their stream-K scheduling or pin
 A conv2d (NCHW, groups 1) is the matrix product C[f, p] = W[f, k] X[k, p] of `cuda.tensorcore`'s
 module doc: A is the kernel as it lies in memory (CO x K, K = CI*KH*KW, loaded by TMA as a
 matmul's A), and B is the im2col view of the input, which no TMA box describes (a 3x3 window's
-shifts leave its rows unaligned). So the producer warpgroup gathers each B tile itself, element
-by element from the NCHW input (zeros in the padding and past the last pixel), into the layout
-TMA would have written (128-byte swizzled 64-column atoms), fences the writes for the async proxy
-that wgmma reads through and arrives on the stage's full barrier with its 128 threads (thread 0
-also arrives with A's bytes to expect). Column p of C is output pixel (n, y, x) = (p // (OH*OW),
-p % (OH*OW) // OW, p % OW), stored one half at a time, and the pixels need not fill the last
-tile: the gathers and stores stop at N*OH*OW. A block's gathers (2-byte loads with their index
-arithmetic) are issued by 4 warps and may outlast its wgmmas; cuDNN transposes the input to NHWC
-first instead (docs/benchmarks/kernels-2026-11-26d.md). Each thread loads a batch of elements
-into registers from clamped positions, unconditionally, before it stores any: loads under the
-padding's branch went to L2 one at a time, and the first kernels run took 208 us where WMMA's
-took 25 (docs/benchmarks/kernels-2026-11-26e.md).
+shifts leave its rows unaligned). So the producer warpgroup (or two: `producer`) gathers each B
+tile itself, element by element from the NCHW input (zeros in the padding and past the last
+pixel), into the layout TMA would have written (128-byte swizzled 64-column atoms), fences the
+writes for the async proxy that wgmma reads through and arrives on the stage's full barrier with
+all its threads (thread 0 also arrives with A's bytes to expect). Column p of C is output pixel
+(n, y, x) = (p // (OH*OW), p % (OH*OW) // OW, p % OW), stored one half at a time, and the pixels
+need not fill the last tile: the gathers and stores stop at N*OH*OW. A block's gathers (2-byte
+loads with their index arithmetic) are issued by 4 or 8 warps and may outlast its wgmmas; cuDNN
+transposes the input to NHWC first instead (docs/benchmarks/kernels-2026-11-26d.md). Each thread
+loads a batch of elements into registers from clamped positions, unconditionally, before it
+stores any: loads under the padding's branch went to L2 one at a time, and the first kernels run
+took 208 us where WMMA's took 25 (docs/benchmarks/kernels-2026-11-26e.md).
 
 Every tile is whole (`check`): a matmul's M, N and K, a convolution's CO and K, must be
 multiples of the block's tile and of 64.
@@ -78,7 +78,7 @@ SLICE = 64  # rows of one wgmma (m64)
 TILE_K = 64  # halves of a 128-byte swizzled row: one TMA box of A is (64, rows)
 ATOM_N = 64  # columns of B per 128-byte swizzle atom (one TMA box)
 STEP_K = 16  # the reduction depth of one wgmma
-GATHER_BATCH = 32  # a convolution's producer threads' loads in flight at once (TILE_K * 64 / 128 divides)
+GATHER_BATCH = 32  # a convolution's producer threads' loads in flight at once (at most; powers of 2)
 # A thread holds block_n / 2 float32 accumulators per slice; beyond 128 the registers for
 # addresses and descriptors no longer fit under CUDA's 255 per thread.
 MAX_ACCUMULATORS = 128
@@ -109,7 +109,8 @@ class CudaWgmma(Template, name="cuda.wgmma", kind="cuda", workloads=("matmul", "
             ChoiceKnob("block_n", list(BLOCK_N)),
             ChoiceKnob("stages", list(STAGES)),
             ChoiceKnob("raster", list(RASTER)),
-            ChoiceKnob("producer", [0, 1]),  # a warpgroup of its own loads the tiles (1)
+            # 1: a warpgroup of its own loads the tiles; a convolution's gathers may take two.
+            ChoiceKnob("producer", [1, 2] if _gathered(wl) else [0, 1]),
             # > 1: persistent blocks. Added after the first exports, which meant 1.
             ChoiceKnob("tiles_per_block", list(TILES_PER_BLOCK), default=1),
             # 2: CTA pairs that share their B tiles through TMA multicast. Added later, like the above.
@@ -128,8 +129,6 @@ class CudaWgmma(Template, name="cuda.wgmma", kind="cuda", workloads=("matmul", "
         if m % rows or (n % cols and not gathered):
             return f"a {rows}x{cols} block tile does not divide the {m}x{n} output"
         per_block, cluster = config["tiles_per_block"], config["cluster"]
-        if gathered and not config["producer"]:
-            return "a convolution's B tiles are gathered by a producer warpgroup: producer=1"
         if gathered and cluster > 1:
             return "a convolution's B tiles are gathered by each CTA, not multicast: cluster=1"
         if gathered and config["slices"] > 1:
@@ -207,9 +206,14 @@ def _kernel(wl: Workload, config: Config) -> Any:
     b_rows = TILE_K // cluster  # rows of each B atom one CTA loads, for every CTA of its cluster
     everyone = (1 << cluster) - 1  # the multicast's CTA mask
     # What TMA lands in each CTA per stage: A and B, or A alone where the producer gathers B, whose
-    # 128 threads then arrive on the full barrier too (besides thread 0's arrival with the bytes).
+    # threads (128 per producer warpgroup) then arrive on the full barrier too (besides thread 0's
+    # arrival with the bytes).
     tile_bytes = (a_tile + (0 if gathered else b_tile)) * 2
-    full_arrivals = 1 + (WARPGROUP if gathered else 0)
+    gatherers = WARPGROUP * producer if gathered else 0  # the producer warpgroups' threads
+    full_arrivals = 1 + gatherers
+    # Each gatherer's elements of a B tile (TILE_K * bn / gatherers: 16 to 128), in batches.
+    gathered_each = TILE_K * bn // max(1, gatherers)
+    batch = min(GATHER_BATCH, gathered_each)
     # A stage is free once every consumer warp of every CTA of the cluster is done with it (each
     # CTA's producer writes into all of them): lane 0 of each arrives on each CTA's empty barrier.
     releases = consumers // 32 * cluster
@@ -238,7 +242,7 @@ def _kernel(wl: Workload, config: Config) -> Any:
 
     def loads(tx: Any) -> Any:
         """Whether producer thread tx loads: thread 0 issues every TMA load; where B is
-        gathered, every producer thread gathers."""
+        gathered, every thread of the producer warpgroups gathers."""
         return True if gathered else tx == 0
 
     if gathered:  # the convolution's geometry, for the gathers and the NCHW stores
@@ -270,18 +274,18 @@ def _kernel(wl: Workload, config: Config) -> Any:
         # store before it has its value, and the loads then waited for L2 one after another
         # (2026-11-26e: 13,000 cycles per reduction tile, a kernel 10x slower than WMMA's).
         # The padding's zeros are selected in the second pass.
-        staged = T.alloc_buffer((GATHER_BATCH,), "float16", scope="local")
-        for batch in T.serial(TILE_K * bn // WARPGROUP // GATHER_BATCH):
-            for i in T.unroll(GATHER_BATCH):
-                e = T.meta_var((batch * GATHER_BATCH + i) * WARPGROUP + tx)  # row e // bn, column e % bn
+        staged = T.alloc_buffer((batch,), "float16", scope="local")
+        for b in T.serial(gathered_each // batch):
+            for i in T.unroll(batch):
+                e = T.meta_var((b * batch + i) * gatherers + tx)  # row e // bn, column e % bn
                 red = T.meta_var(k * TILE_K + e // bn)
                 p = T.meta_var(T.min(tile_col(u) * bn + e % bn, N - 1))
                 iy = T.meta_var(p % pixels // out_w * stride + red % (kh * kw) // kw * dilation - pad)
                 ix = T.meta_var(p % out_w * stride + red % kw * dilation - pad)
                 staged[i] = X[p // pixels, red // (kh * kw), T.max(T.min(iy, in_h - 1), 0),
                               T.max(T.min(ix, in_w - 1), 0)]
-            for i in T.unroll(GATHER_BATCH):
-                e = T.meta_var((batch * GATHER_BATCH + i) * WARPGROUP + tx)
+            for i in T.unroll(batch):
+                e = T.meta_var((b * batch + i) * gatherers + tx)
                 r = T.meta_var(e // bn)
                 col = T.meta_var(e % bn)
                 red = T.meta_var(k * TILE_K + r)
@@ -369,7 +373,7 @@ def _kernel(wl: Workload, config: Config) -> Any:
                                          T.bool(True), 1, 1, 0, 1)
                     T.ptx.wgmma.commit_group.sync.aligned()
                     T.ptx.wgmma.wait_group.sync.aligned(1)  # this warpgroup is done with tile k - 1
-                    if producer == 1:
+                    if producer >= 1:
                         if k >= 1:
                             release(bars, remote, (it - 1) % stages, tx, rank)
                     else:
@@ -377,7 +381,7 @@ def _kernel(wl: Workload, config: Config) -> Any:
                         if tx == 0 and k >= 1 and k - 1 + stages < k_tiles:
                             load(smem, bars, a_map, b_src, u, k - 1 + stages, (k - 1) % stages, rank, tx)
                 T.ptx.wgmma.wait_group.sync.aligned(0)
-                if producer == 1:  # the last reduction tile's stage, free for the next tile of C
+                if producer >= 1:  # the last reduction tile's stage, free for the next tile of C
                     release(bars, remote, (t * k_tiles + k_tiles - 1) % stages, tx, rank)
                 # The m64nNk16 accumulator layout: warp w of a warpgroup holds rows 16w + lane / 4
                 # (+ 8), columns 8j + 2 (lane % 4) (+ 1), as registers 4j + (0, 1) and (2, 3).
@@ -448,14 +452,15 @@ def _kernel(wl: Workload, config: Config) -> Any:
             T.cuda.cluster_sync()
         else:
             T.cuda.cta_sync()
-        if producer == 1:
-            # Warpgroup 0 produces (its thread 0 issues every load, and all its threads gather
-            # where B is gathered); the other warpgroups consume.
-            if tx < WARPGROUP:
+        if producer >= 1:
+            # The first `producer` warpgroups produce (thread 0 issues every load, and all their
+            # threads gather where B is gathered); the other warpgroups consume.
+            if tx < WARPGROUP * producer:
                 if loads(tx):
                     produce(smem, bars, a_map, b_src, pid // cluster, rank, tx)
             else:
-                consume(smem, bars, remote, a_map, b_src, acc, desc, C, pid // cluster, rank, tx, tx // WARPGROUP - 1)
+                consume(smem, bars, remote, a_map, b_src, acc, desc, C, pid // cluster, rank, tx,
+                        tx // WARPGROUP - producer)
         else:
             if tx == 0:  # one tile of C per block, no cluster (check): its first `stages` reduction tiles
                 for s in T.unroll(stages):
