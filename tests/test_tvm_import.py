@@ -57,3 +57,26 @@ def test_a_worker_actor_imports_tvm_first_even_when_another_thread_imports_it_at
              "other = threading.Thread(target=register)\nother.start()\nother.join()\n"
              "import tvm\nassert tvm.rpc.connect_tracker")
     assert _run(tmp_path, first).splitlines() == ["after tvm: False", "after torch: True the stand-in torch"]
+
+
+INTRINSICS = """
+import inspect, sys
+import importlib._bootstrap as bootstrap
+from farm.core.tvm_import import import_tensor_intrinsics
+intrin = import_tensor_intrinsics()
+from tvm.s_tir import TensorIntrin
+assert TensorIntrin.get(intrin.WMMA_SYNC_16x16x16_f16f16f32_INTRIN) is not None  # registered
+frame_file = inspect.getabsfile(bootstrap._find_and_load)
+print(inspect.modulesbyfile.get(frame_file), inspect.getmodule(bootstrap._find_and_load.__code__, frame_file).__name__)
+assert import_tensor_intrinsics() is intrin  # once per process
+"""
+
+
+def test_tensor_intrinsics_import_with_the_import_machinerys_frames_known_to_inspect() -> None:
+    """The intrinsics register, and the import machinery's pseudo-files are in inspect's module
+    cache under their own modules, so that none of TVMScript's stack walks scans sys.modules
+    for them (what made the import take 20 s)."""
+    proc = subprocess.run([sys.executable, "-c", INTRINSICS], capture_output=True, text=True, cwd=_REPO,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["importlib._bootstrap", "importlib._bootstrap"]

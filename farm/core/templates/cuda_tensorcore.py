@@ -71,6 +71,7 @@ from farm.core.templates.base import (
     pipeline_loop,
     shared_memory_error,
 )
+from farm.core.tvm_import import import_tensor_intrinsics
 from farm.core.workloads import Workload
 
 FRAGMENT = 16  # WMMA's m = n = k for float16 inputs
@@ -148,7 +149,7 @@ class CudaTensorCore(Template, name="cuda.tensorcore", kind="cuda",
         return shared_memory_error(_staging_bytes(config), target, _input_bytes(config))
 
     def schedule(self, wl: Workload, target: TargetSpec, config: Config) -> Any:
-        import tvm.s_tir.tensor_intrin.cuda as intrin
+        intrin = import_tensor_intrinsics()
 
         sch = new_schedule(wl, None if wl.name == "matmul" else _weights_as_matrix(wl))
         block = sch.get_sblock("compute")
