@@ -38,17 +38,17 @@ def import_tvm() -> ModuleType:
 
 def import_tensor_intrinsics() -> ModuleType:
     """TVM's CUDA tensor intrinsics (`tvm.s_tir.tensor_intrin.cuda`: WMMA, mma.sync, ldmatrix),
-    imported once per process, in a fifth of the time a plain import takes.
+    imported once per process, in about a third of the time a plain import takes.
 
     Importing them parses about 500 TVMScript functions, and TVMScript's `T.prim_func` takes
-    `inspect.stack()` of each. For every frame that reads the source of its module, and
-    `inspect.getmodule` finds the module of a file by its cache `inspect.modulesbyfile`, or else by
-    a pass over all of sys.modules. The import machinery's frames (`<frozen importlib._bootstrap>`,
-    `..._external`), about ten in each of those stacks, name no file any module has, so each
-    missed the cache and paid that pass. This took 17.8 s on the 2-core CPU machine with TVM
-    alone imported, and longer with more modules: 21 s in a build process, where every slot's
-    first tensor-core build paid it. Entering those two files into the cache (under their own
-    modules, where their frames' code is from) made it 4.0 s, the rest being TVMScript's parsing.
+    `inspect.stack()` of each. For each frame, `inspect.getmodule` looks the frame's file up in
+    its cache `inspect.modulesbyfile`, and on a miss scans all of sys.modules. The import
+    machinery's frames (`<frozen importlib._bootstrap>`, `..._external`), about ten in each of
+    those stacks, name no file that any module has, so every lookup of theirs missed. A plain
+    import took 20.9-25.4 s on the 2-core CPU machine in a process with TVM imported, and every
+    build slot's first tensor-core build paid that. With those two files entered into the cache
+    first (under their own modules, where their frames' code is from) it took 5.9-7.0 s, most of
+    it TVMScript's parsing.
     """
     if "tvm.s_tir.tensor_intrin.cuda" not in sys.modules:
         import_tvm()
