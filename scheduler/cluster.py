@@ -28,7 +28,6 @@ import sys
 AUTH_MODE_ENV = "RAY_AUTH_MODE"
 SINGLE_MACHINE_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 LOOPBACK = "127.0.0.1"
-VISIBLE_GPUS_ENV = "CUDA_VISIBLE_DEVICES"
 
 
 def init_ray(address: str | None = None) -> bool:
@@ -64,7 +63,7 @@ def init_ray(address: str | None = None) -> bool:
 
     if get_authentication_mode() != AuthenticationMode.TOKEN:
         Config.initialize("")
-    from workers.device import gpu_count
+    from workers.device import VISIBLE_GPUS_ENV, gpu_count
 
     gpus = gpu_count()
     logging.getLogger("ray").setLevel(logging.ERROR)  # its start-up notices are not the user's business

@@ -57,6 +57,9 @@ def cpu_model() -> str:
     return "unknown"
 
 
+VISIBLE_GPUS_ENV = "CUDA_VISIBLE_DEVICES"  # the GPUs CUDA shows a process
+
+
 @functools.cache
 def gpu_count() -> int:
     """GPUs this process may use, 0 when there are none: those nvidia-smi lists, narrowed by
@@ -68,7 +71,7 @@ def gpu_count() -> int:
     except (OSError, subprocess.TimeoutExpired):
         return 0
     listed = sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
-    return visible_gpus(listed, os.environ.get("CUDA_VISIBLE_DEVICES"))
+    return visible_gpus(listed, os.environ.get(VISIBLE_GPUS_ENV))
 
 
 def visible_gpus(listed: int, visible: str | None) -> int:
@@ -226,7 +229,7 @@ class ServerProcess:
         if kind == "cuda" if no_fork is None else no_fork:
             args += ["--no-fork", "--kind", kind]  # a forked process fails its first CUDA allocation
         if gpu is not None:
-            env["CUDA_VISIBLE_DEVICES"] = gpu
+            env[VISIBLE_GPUS_ENV] = gpu
         self._kept = KeptRunning(f"the RPC server for key {key}", functools.partial(spawn_module, args, log, env))
 
     @property

@@ -251,6 +251,17 @@ def _kernel(wl: Workload, config: Config) -> Any:
         kh, kw = wl.p["KH"], wl.p["KW"]
         stride, pad, dilation = wl.p["stride"], wl.p["pad"], wl.p["dilation"]
         pixels = wl.output_shape()[2] * out_w  # OH * OW, one image's columns of C
+        images = wl.p["N"]
+
+    def window(u: Any, k: Any, e: Any) -> tuple[Any, ...]:
+        """Element e of B's reduction tile k of cluster tile u: its row and column in the tile
+        (e // bn, e % bn), its pixel p (N or more past the last pixel, where the last tile is
+        partial), and the input's channel, row and column it reads (rows and columns outside
+        the input in the padding)."""
+        r, col = e // bn, e % bn
+        red, p = k * TILE_K + r, tile_col(u) * bn + col
+        return (r, col, p, red // (kh * kw), p % pixels // out_w * stride + red % (kh * kw) // kw * dilation - pad,
+                p % out_w * stride + red % kw * dilation - pad)
 
     # fmt: off
     @T.macro
@@ -277,21 +288,11 @@ def _kernel(wl: Workload, config: Config) -> Any:
         staged = T.alloc_buffer((batch,), "float16", scope="local")
         for b in T.serial(gathered_each // batch):
             for i in T.unroll(batch):
-                e = T.meta_var((b * batch + i) * gatherers + tx)  # row e // bn, column e % bn
-                red = T.meta_var(k * TILE_K + e // bn)
-                p = T.meta_var(T.min(tile_col(u) * bn + e % bn, N - 1))
-                iy = T.meta_var(p % pixels // out_w * stride + red % (kh * kw) // kw * dilation - pad)
-                ix = T.meta_var(p % out_w * stride + red % kw * dilation - pad)
-                staged[i] = X[p // pixels, red // (kh * kw), T.max(T.min(iy, in_h - 1), 0),
+                r, col, p, channel, iy, ix = T.meta_var(window(u, k, (b * batch + i) * gatherers + tx))
+                staged[i] = X[T.min(p // pixels, images - 1), channel, T.max(T.min(iy, in_h - 1), 0),
                               T.max(T.min(ix, in_w - 1), 0)]
             for i in T.unroll(batch):
-                e = T.meta_var((b * batch + i) * gatherers + tx)
-                r = T.meta_var(e // bn)
-                col = T.meta_var(e % bn)
-                red = T.meta_var(k * TILE_K + r)
-                p = T.meta_var(tile_col(u) * bn + col)
-                iy = T.meta_var(p % pixels // out_w * stride + red % (kh * kw) // kw * dilation - pad)
-                ix = T.meta_var(p % out_w * stride + red % kw * dilation - pad)
+                r, col, p, channel, iy, ix = T.meta_var(window(u, k, (b * batch + i) * gatherers + tx))
                 smem[b_base + stage * b_tile + col // ATOM_N * TILE_K * ATOM_N + r * ATOM_N
                      + T.bitwise_xor(col % ATOM_N // 8, r % 8) * 8 + col % 8] = T.if_then_else(
                     p < N and 0 <= iy and iy < in_h and 0 <= ix and ix < in_w, staged[i], T.float16(0))
