@@ -23,6 +23,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 # Ray's switches, read from the environment by Ray itself (and by the processes it starts).
 AUTH_MODE_ENV = "RAY_AUTH_MODE"
@@ -73,9 +75,11 @@ def init_ray(address: str | None = None) -> bool:
     # with the GPUs hidden). The instance's processes inherit the environment it starts with.
     hidden = os.environ.pop(VISIBLE_GPUS_ENV, None) if gpus == 0 else None
     try:
-        # address="local": a new instance of our own, never a `ray start` cluster running on this machine.
-        ray.init(address="local", _node_ip_address=LOOPBACK, num_gpus=gpus or os.cpu_count() or 1,
-                 include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False, configure_logging=False)
+        with _without_head_extras():
+            # address="local": a new instance of our own, never a `ray start` cluster running on this machine.
+            ray.init(address="local", _node_ip_address=LOOPBACK, num_gpus=gpus or os.cpu_count() or 1,
+                     include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False,
+                     configure_logging=False)
     finally:
         if hidden is not None:
             os.environ[VISIBLE_GPUS_ENV] = hidden
@@ -88,25 +92,39 @@ def stop_ray() -> None:
     hook in the main thread, when a client ran its jobs in a thread) it waits 5 s more (Ray 2.60)."""
     import ray
 
-    _kill_autoscaler_monitor()
     ray.shutdown()
 
 
-def _kill_autoscaler_monitor() -> None:
-    """Kill the autoscaler's monitor of the local instance this process started, ahead of
-    ray.shutdown(). That stops the instance's processes one after another, each given a second to
-    exit on SIGTERM, and the monitor (which a single-node instance of fixed size has no use for)
-    took the whole second every time: told to stop after the GCS it reports to had gone, it
-    waits on it (Ray 2.60). Killed first, ray.shutdown() took 0.23-0.35 s instead of 1.37 s on 2
-    cores, a second off every `farm tune`. Through Ray's private node handle: where a later Ray
-    lacks it, nothing is killed and ray.shutdown() stops the monitor as before."""
-    try:
-        from ray._private import ray_constants, worker
+# What ray.init starts on a new head node besides its GCS, raylet and the raylet's agents, none of
+# which a farm's own instance uses (Ray 2.60, `ray._private.node.Node`):
+# - the dashboard's API server (with include_dashboard=False, a process serving usage statistics):
+#   ray.init waits for it to register before it starts the raylet, 0.5-0.6 s of its 2.4 s on
+#   2 idle cores;
+# - the autoscaler's monitor, for a cluster of fixed size: ray.shutdown stops it after the GCS it
+#   reports to, and it then took a whole second to exit;
+# - the log monitor, which streams the workers' output to the driver (log_to_driver=False: no one).
+_HEAD_EXTRAS = ("start_api_server", "start_monitor", "start_log_monitor")
 
-        processes = worker._global_node.all_processes.get(ray_constants.PROCESS_TYPE_MONITOR, [])
-    except (ImportError, AttributeError):  # not a node this process started, or another Ray
+
+@contextmanager
+def _without_head_extras() -> Iterator[None]:
+    """While a local instance starts in this block, its node starts none of `_HEAD_EXTRAS`:
+    each method of Ray's private node class is a no-op until the block ends. Where a later Ray
+    lacks the class or one of them, that one starts as before."""
+    try:
+        from ray._private.node import Node
+    except ImportError:
+        yield
         return
-    for info in processes:
-        if info.process.poll() is None:
-            info.process.kill()
-            info.process.wait(timeout=5)
+    saved = {name: Node.__dict__[name] for name in _HEAD_EXTRAS if name in Node.__dict__}
+    try:
+        for name in saved:
+            setattr(Node, name, _skipped)
+        yield
+    finally:
+        for name, method in saved.items():
+            setattr(Node, name, method)
+
+
+def _skipped(*_: object, **__: object) -> None:
+    """Stands in for a node's method that starts a process the farm does not use."""

@@ -38,6 +38,25 @@ def ray_local() -> Iterator[None]:
     ray.shutdown()
 
 
+def test_local_ray_starts_only_what_the_farm_uses(ray_local: None) -> None:
+    """The local instance has its GCS and raylet, not the dashboard's API server, the autoscaler's
+    monitor or the log monitor (scheduler.cluster._HEAD_EXTRAS); Ray's node class is as it was."""
+    import ray
+    from ray._private import worker
+    from ray._private.node import Node
+
+    from scheduler.cluster import _HEAD_EXTRAS
+
+    assert sorted(worker._global_node.all_processes) == ["gcs_server", "raylet"]
+    assert all(getattr(Node, name).__module__ == "ray._private.node" for name in _HEAD_EXTRAS)
+
+    @ray.remote(num_cpus=0)
+    def add(a: int, b: int) -> int:
+        return a + b
+
+    assert ray.get(add.remote(40, 2)) == 42
+
+
 def test_two_worker_actors_share_a_job_exactly(pg_url: str, ray_local: None) -> None:
     """Model-guided: the shards' searches run in Ray actors, and the model retrained after the
     first round guides the later ones."""
