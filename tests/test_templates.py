@@ -8,6 +8,7 @@ Runs without a GPU: cuda targets are compiled to CUDA source and verified, not r
 from __future__ import annotations
 
 import json
+import math
 import random
 import re
 import shutil
@@ -446,12 +447,31 @@ def test_cuda_wgmma_convolutions_gather_with_a_producer_and_no_cluster() -> None
     assert "cluster=1" in (task.check(task.space.from_json({**base, "cluster": 2})) or "")
     assert "slices=1" in (task.check(task.space.from_json({**base, "slices": 2})) or "")
     assert "> the 4 tiles of C" in (task.check(task.space.from_json({**base, "tiles_per_block": 8})) or "")
+    # 512 threads get 128 registers each: 96 accumulators and the gathers' registers do not fit
+    # (ptxas spilled them), 128 failed to assemble; 384 threads (168 each) fit 96, not 128.
+    for warpgroups, producer, block_n in ((2, 2, 192), (2, 2, 256), (1, 2, 256), (2, 1, 256)):
+        config = {**base, "warpgroups": warpgroups, "producer": producer, "block_n": block_n, "tiles_per_block": 1}
+        assert "registers per thread" in (task.check(task.space.from_json(config)) or ""), config
+    assert task.check(task.space.from_json({**base, "producer": 2, "block_n": 192, "tiles_per_block": 1})) is None
+
+
+def test_cuda_wgmma_gathers_cover_every_element_of_a_tile() -> None:
+    """Each producer thread's batches of loads cover its share of a B tile exactly, for every
+    block_n and number of producer warpgroups: batches of a fixed 32 left a third of each share
+    ungathered with two producer warpgroups and block_n 192 (wrong results on an H100)."""
+    from farm.core.templates.cuda_wgmma import BLOCK_N, GATHER_BATCH, TILE_K, WARPGROUP, _gather_batches
+
+    for producer in (1, 2):
+        for block_n in BLOCK_N:
+            batch, batches = _gather_batches(block_n, WARPGROUP * producer)
+            assert batch * batches * WARPGROUP * producer == TILE_K * block_n, (producer, block_n)
+            assert batch <= GATHER_BATCH and batch & (batch - 1) == 0
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (CUDA's compiler) on this machine")
 @pytest.mark.parametrize(("warpgroups", "slices", "block_n", "tiles_per_block", "producer"),
                          [(1, 1, 64, 1, 1), (2, 1, 128, 1, 1), (1, 1, 256, 4, 1), (2, 1, 192, 2, 1),
-                          (2, 1, 64, 1, 2), (1, 1, 128, 2, 2)])
+                          (2, 1, 64, 1, 2), (1, 1, 128, 2, 2), (1, 1, 192, 1, 2)])
 def test_cuda_wgmma_convolution_builds_as_the_farm_builds_it(tmp_path: Path, warpgroups: int, slices: int,
                                                               block_n: int, tiles_per_block: int,
                                                               producer: int) -> None:
@@ -480,9 +500,9 @@ def test_cuda_wgmma_convolution_builds_as_the_farm_builds_it(tmp_path: Path, war
     assert "fence_proxy_proxy_async_shared__cta" in source and " ^ " in source
     assert "< 1568" in str(task.schedule(config).mod)  # 8 x 14 x 14 pixels: the gathers and the stores stop there
     staged = re.findall(r"(\w+)\[\d+\] = X_ptr\[", source)
-    # 64 x block_n elements per tile over the gatherers, in batches of at most 32
+    # 64 x block_n elements per tile over the gatherers, in batches of at most 32 that divide them
     assert set(staged) == {"staged_ptr"}
-    assert source.count("X_ptr[") == len(staged) == min(32, 64 * block_n // (128 * producer))
+    assert source.count("X_ptr[") == len(staged) == math.gcd(32, 64 * block_n // (128 * producer))
     ptxas = builder._nvcc(source, HOPPER.arch, tmp_path / "again").stderr
     assert "0 bytes stack frame" in ptxas and "serialized" not in ptxas, ptxas
 

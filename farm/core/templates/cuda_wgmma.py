@@ -64,6 +64,7 @@ multiples of the block's tile and of 64.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from farm.core.space import ChoiceKnob, Config, ConfigSpace
@@ -82,6 +83,18 @@ GATHER_BATCH = 32  # a convolution's producer threads' loads in flight at once (
 # A thread holds block_n / 2 float32 accumulators per slice; beyond 128 the registers for
 # addresses and descriptors no longer fit under CUDA's 255 per thread.
 MAX_ACCUMULATORS = 128
+# Each of a block's threads gets at most REGISTER_FILE / threads registers (its launch bounds);
+# wgmma's accumulators cannot be spilled. Registers a thread needs besides its accumulators, from
+# ptxas (CUDA 13, sm_90a, 8x256x14x14 3x3 conv and 1024^3 matmul, stages=3): a matmul's used 154
+# with 128 accumulators. A convolution's gathers (a batch staged in registers, their index
+# arithmetic) take more: unbounded (256 threads), 104, 178 and 205 registers for 64, 96 and 128
+# accumulators; bounded, 384 threads (at most 168 each) fit 96 accumulators in 167 registers and
+# spilled 96 bytes with 128, and 512 threads (128 each) fit 64 accumulators in 95 registers,
+# spilled 48 bytes with 96 and failed (ptxas fatal) with 128. The allowance below separates the
+# configs that fit from those that did not.
+REGISTER_FILE = 65536
+MAX_REGISTERS = 255
+OTHER_REGISTERS = {"gathered": 64, "tma": 26}
 BLOCK_N = (64, 128, 192, 256)  # wgmma's N (multiples of 8 up to 256; whole 64-column atoms here)
 STAGES = (2, 3, 4, 5, 6)
 RASTER = (1, 4, 8, 16)
@@ -149,6 +162,10 @@ class CudaWgmma(Template, name="cuda.wgmma", kind="cuda", workloads=("matmul", "
             return f"groups of {config['raster']} rows do not divide the {cluster_rows} rows of cluster tiles"
         if (accumulators := config["slices"] * cols // 2) > MAX_ACCUMULATORS:
             return f"{accumulators} accumulators per thread > {MAX_ACCUMULATORS}"
+        needed = accumulators + OTHER_REGISTERS["gathered" if gathered else "tma"]
+        if needed > (available := min(MAX_REGISTERS, REGISTER_FILE // threads)):
+            return (f"{accumulators} accumulators and the rest need about {needed} registers per thread, "
+                    f"> the {available} each of {threads} threads gets (ptxas would spill them or fail)")
         if config["stages"] > k // TILE_K:
             return f"{config['stages']} stages > the reduction's {k // TILE_K} tiles of {TILE_K}"
         return shared_memory_error(2 * config["stages"] * BARRIER_BYTES, target, _tile_bytes(config))
@@ -170,6 +187,16 @@ def _gathered(wl: Workload) -> bool:
 def _block_tile(config: Config) -> tuple[int, int]:
     """Rows and columns of C one block computes."""
     return SLICE * config["warpgroups"] * config["slices"], config["block_n"]
+
+
+def _gather_batches(block_n: int, gatherers: int) -> tuple[int, int]:
+    """How each of a convolution's `gatherers` threads gathers its share of a B tile (TILE_K x
+    `block_n` elements, 16 to 128 each): (elements per batch, batches). A batch is the largest
+    power of two up to GATHER_BATCH that divides the share, so the batches cover every element
+    (with 256 gatherers and block_n 192, batches of 32 left 16 of each thread's 48 ungathered)."""
+    each = TILE_K * block_n // max(1, gatherers)
+    batch = math.gcd(GATHER_BATCH, each)
+    return batch, each // batch
 
 
 def _tile_bytes(config: Config) -> int:
@@ -211,9 +238,7 @@ def _kernel(wl: Workload, config: Config) -> Any:
     tile_bytes = (a_tile + (0 if gathered else b_tile)) * 2
     gatherers = WARPGROUP * producer if gathered else 0  # the producer warpgroups' threads
     full_arrivals = 1 + gatherers
-    # Each gatherer's elements of a B tile (TILE_K * bn / gatherers: 16 to 128), in batches.
-    gathered_each = TILE_K * bn // max(1, gatherers)
-    batch = min(GATHER_BATCH, gathered_each)
+    batch, batches = _gather_batches(bn, gatherers)
     # A stage is free once every consumer warp of every CTA of the cluster is done with it (each
     # CTA's producer writes into all of them): lane 0 of each arrives on each CTA's empty barrier.
     releases = consumers // 32 * cluster
@@ -286,7 +311,7 @@ def _kernel(wl: Workload, config: Config) -> Any:
         # (2026-11-26e: 13,000 cycles per reduction tile, a kernel 10x slower than WMMA's).
         # The padding's zeros are selected in the second pass.
         staged = T.alloc_buffer((batch,), "float16", scope="local")
-        for b in T.serial(gathered_each // batch):
+        for b in T.serial(batches):
             for i in T.unroll(batch):
                 r, col, p, channel, iy, ix = T.meta_var(window(u, k, (b * batch + i) * gatherers + tx))
                 staged[i] = X[T.min(p // pixels, images - 1), channel, T.max(T.min(iy, in_h - 1), 0),
