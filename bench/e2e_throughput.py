@@ -16,6 +16,8 @@ from its start to its exit. From the job's trials (their timelines, farm.report.
   waited for work), and each candidate's time on the device outside its timed runs (median, p95);
 - when each device's first RPC session opened, from the process start (its worker actor's log:
   the first candidates wait for it as well as for their builds);
+- how long Ray took to start (the job's `farm tune -v` log), and how long the process ran on
+  after the job was recorded done (its best printed and exported, Ray stopped, its exit);
 - a timeline PNG per run (farm report --timeline).
 
 Printed: one line per run, then medians over seeds (with min and max) per GPU count, and the
@@ -69,11 +71,22 @@ def run_once(args: argparse.Namespace, gpus: int, seed: int) -> dict[str, Any]:
             "overhead_median_ms": 1e3 * statistics.median(overhead),
             "overhead_p95_ms": 1e3 * overhead[int(0.95 * (len(overhead) - 1))],
             "first_session_s": first_sessions(args.out / f"logs-{name}", started),
+            "ray_ready_s": ray_ready(args.out / f"{name}.log"),
+            # After the job was recorded done: its best printed and exported, Ray stopped, the process gone.
+            "exit_after_job_s": wall - (claimed - started) - use.wall_seconds,
             "best_us": float(trials["latency"].min() * 1e6), "statuses": trials["status"].value_counts().to_dict()}
 
 
-# The worker actor's log line for its first session (workers.runner), with logging's local time.
+# `farm tune -v`'s line for Ray's start (scheduler.service), and the worker actor's for its first
+# session (workers.runner), with logging's local time.
+_RAY_READY = re.compile(r"farm\.scheduler Ray ready in ([0-9.]+) s")
 _FIRST_SESSION = re.compile(r"^(\S+ \S+) farm\.runner session 1 on \S+ open")
+
+
+def ray_ready(log: Path) -> float | None:
+    """Seconds Ray took to start (or join), from the job's `farm tune -v` log; None without the line."""
+    match = _RAY_READY.search(log.read_text(errors="replace"))
+    return float(match[1]) if match else None
 
 
 def first_sessions(log_dir: Path, started: float) -> dict[str, float]:
@@ -155,8 +168,9 @@ def main() -> None:
                   f"{run['first_trial_s']:.1f} s, busy {busy} (of the job's {run['job_wall_s']:.0f} s), builds "
                   f"{run['build_mean_s']:.2f} s mean / {run['build_p95_s']:.2f} s p95, best {run['best_us']:.2f} µs; "
                   f"device holding a candidate {measuring}; per candidate outside timed runs "
-                  f"{run['overhead_median_ms']:.0f} ms median / {run['overhead_p95_ms']:.0f} ms p95; job claimed "
-                  f"{run['claimed_after_s']:.1f} s after start; first session open after "
+                  f"{run['overhead_median_ms']:.0f} ms median / {run['overhead_p95_ms']:.0f} ms p95; Ray ready in "
+                  f"{run['ray_ready_s']} s; job claimed {run['claimed_after_s']:.1f} s after start; process gone "
+                  f"{run['exit_after_job_s']:.2f} s after the job ended; first session open after "
                   + ", ".join(f"{w} {t:.1f} s" for w, t in sorted(run["first_session_s"].items())), flush=True)
             if args.json:  # after every run: a session cut short keeps what it finished
                 args.json.write_text(json.dumps(figures, indent=1, default=str))
