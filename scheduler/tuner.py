@@ -24,15 +24,6 @@ Work flows as a stream of small chunks rather than batches that wait for one ano
 The loop stops at each task's budget exactly, when the space is exhausted, or when the job is
 cancelled (the chunks in flight then finish and are kept). A job's budget is spread over its
 tasks when the job is created (farm.core.jobspec.JobRequest).
-
-The end game: once a task's whole budget is handed out, a worker with nothing left in flight would
-wait for the others' last chunks, the whole task held by the slowest of their builds (one 18 s
-build kept a 2-GPU job's second GPU idle for 8 s, docs/benchmarks/e2e-throughput-2026-11-26f.md).
-Such a worker gets a chunk of new configs instead, as many as the budget still lacks (at most a
-chunk). The first results to arrive complete the budget; the task then ends without waiting for
-the chunks still out, whose results are not recorded (their candidates were never trials: the
-store holds the budget exactly, each config once). So a task measures a few candidates more than
-its budget only where a device would otherwise have waited.
 """
 
 from __future__ import annotations
@@ -190,9 +181,8 @@ class _TaskLoop:
         try:
             while True:
                 self._fill()
-                if self._complete() or (not self.proposals and not self.running):
-                    if not (self._complete() or self.cancelled
-                            or (not self.retry and (self.exhausted or self._left() <= 0))):
+                if not self.proposals and not self.running:
+                    if not (self.cancelled or (not self.retry and (self.exhausted or self._left() <= 0))):
                         self._wait_for_a_worker(stall_seconds)  # work is left, but no worker can take it
                         continue
                     if self.retraining is not None:
@@ -258,27 +248,9 @@ class _TaskLoop:
             if self.singles[worker]:
                 n = 1
                 self.singles[worker] -= 1
-            self._propose(worker, n)
-        self._substitute()
-
-    def _substitute(self) -> None:
-        """The end game (module docstring): new configs for each ready worker with nothing in
-        flight, while the budget is all handed out and not yet all measured."""
-        if self.cancelled or self.exhausted or self.retry or self._left() > 0 or self._complete():
-            return
-        for worker, in_flight in enumerate(self.in_flight):
-            if not in_flight and self.pool.ready(worker):
-                self._propose(worker, min(self.chunk, self.budget - self.done))
-
-    def _propose(self, worker: int, n: int) -> None:
-        """Ask `worker`'s shard search for `n` configs (handed to the worker once proposed)."""
-        (future,) = self.searches.propose([(self._shard(worker), n)])
-        self.proposals[future] = (worker, n)
-        self.in_flight[worker] += n
-
-    def _complete(self) -> bool:
-        """Whether the budget is all measured: what is still out is the end game's, not waited for."""
-        return self.done >= self.budget
+            (future,) = self.searches.propose([(self._shard(worker), n)])
+            self.proposals[future] = (worker, n)
+            self.in_flight[worker] += n
 
     def _shard(self, worker: int) -> int:
         """The shard worker `worker` searches: its own, or an earlier worker's if it joined later."""
@@ -330,8 +302,6 @@ class _TaskLoop:
     def _measured(self, future: cf.Future[list[MeasureResult]]) -> None:
         chunk = self.running.pop(future)
         self.in_flight[chunk.worker] -= len(chunk.indices)
-        if self._complete():  # the end game's: the budget was completed by others
-            return
         try:
             results = future.result()
         except FarmError:  # the worker cannot measure at all (its device never came up): the job fails
@@ -352,7 +322,6 @@ class _TaskLoop:
             # Start-up's end, for `farm tune -v` and the service's log: what a user waits for.
             log.info("task %s: first results %.1f s after its searches started", self.task_id,
                      time.monotonic() - self.started_at)
-        results = results[: self.budget - self.done]  # an end game's chunk and the one it stood in for: the first win
         for r in results:
             self.writer.add(self.task_id, r)
         self.searches.observe(chunk.shard, results)

@@ -461,56 +461,6 @@ def test_a_worker_that_joins_mid_task_gets_work_and_the_budget_stays_exact(pg_ur
     assert set(trials["worker"]) == {"local-0", "local-joined"}
 
 
-def test_a_task_ends_with_its_budget_without_waiting_for_a_held_worker(pg_url: str) -> None:
-    """The end game (scheduler.tuner): once the budget is handed out, a worker with nothing in flight
-    measures new configs in place of another worker's last ones, and the task ends with its budget
-    exactly while those are still out. Here worker 0's calls once 4 trials are stored are held
-    (as if each waited for a build that does not end); worker 1 measures the rest of the budget and
-    then, in the end game, in worker 0's place. Nothing of the held calls is recorded, and the task
-    does not wait for them (without the end game it waited until they were released, after 60 s,
-    and recorded them)."""
-    from farm.core.measure import MeasureResult
-    from farm.core.task import Task
-    from scheduler.local_pool import BatchWorker, LocalWorkerPool
-
-    release = threading.Event()
-    held: list[int] = []
-
-    class Held:
-        """Worker 0 as it is, but for the calls made once 4 trials are stored: held until released."""
-
-        def __init__(self, worker: BatchWorker) -> None:
-            self.worker, self.name = worker, worker.name
-
-        def process(self, task: Task, indices: list[int], shard: int = 0, round_: int = 0) -> list[MeasureResult]:
-            if store.trial_count(task_id) >= 4:
-                held.extend(indices)
-                release.wait(60)
-            return self.worker.process(task, indices, shard, round_)
-
-        def close(self) -> None:
-            self.worker.close()
-
-    def factory(kind: str, count: int, keys: Sequence[str]) -> LocalWorkerPool:
-        pool = LocalWorkerPool.on_this_machine(kind, count, keys)
-        pool.workers[0] = Held(pool.workers[0])
-        return pool
-
-    store = open_store(pg_url)
-    job_id = store.submit(JobRequest.build(SMALL, "llvm", 40, workers=2, batch_size=4, search="random"))
-    (task_id,) = [t["id"] for t in store.tasks(job_id)]
-    with Scheduler(store, pool_factory=factory) as scheduler:
-        try:
-            assert scheduler.claim_and_run(job_id) == "done"
-            assert held and not release.is_set()  # the task ended while worker 0's calls were held
-            trials = store.trials(job_id=job_id)
-        finally:
-            release.set()  # the pool's close waits for its calls
-    assert len(trials) == 40 and trials["config_index"].is_unique and (trials["status"] == "ok").all()
-    assert not set(held) & set(trials["config_index"])  # the held calls' configs never became trials
-    assert (trials["worker"] == "local-1").sum() > 20  # worker 1 measured in worker 0's place
-
-
 def test_a_job_naming_an_rpc_key_no_device_has_fails_with_a_clear_error(pg_url: str) -> None:
     """No server under the job's key: its candidates compile, and after the register timeout the
     job fails saying which key and what to do; the scheduler is free for the next job."""
