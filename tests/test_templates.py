@@ -603,21 +603,31 @@ def test_cuda_tensorcore_compiles_to_wmma_with_float32_accumulators(pipeline: in
     ("group_conv2d_nchw", dict(N=2, CI=8, H=6, W=5, CO=6, KH=3, KW=3, groups=2, pad=1)),
     ("group_conv2d_nchw", dict(N=1, CI=8, H=9, W=9, CO=4, KH=3, KW=2, groups=4, stride=2, pad=1)),
 ], ids=["pad", "stride2", "dilation2", "1x1", "groups2", "groups4-stride2"])
-def test_conv_rewritten_as_a_matrix_product_computes_the_reference(name: str, params: dict[str, Any]) -> None:
+@pytest.mark.parametrize("sliced", [False, True], ids=["whole", "split-k"])
+def test_conv_rewritten_as_a_matrix_product_computes_the_reference(name: str, params: dict[str, Any],
+                                                                   sliced: bool) -> None:
     """The implicit GEMM of cuda.tensorcore (the kernel as W[f, k], the input's im2col view as
     X[k, pixel], the output as C[f, pixel], one such product per group of a grouped conv), left
     unscheduled and compiled for the CPU, computes the convolution: every index of the rewrite
-    is checked here, where no GPU is needed."""
-    from farm.core.templates.cuda_tensorcore import _as_matmul, _weights_as_matrix, gemm_extents, groups
+    is checked here, where no GPU is needed. So does its split-K form: the product's reduction
+    cut into 2 or 3 slices of partial products, added up by a second stage, and the scatter into
+    the output made to iterate over C."""
+    from farm.core.templates.cuda_tensorcore import _as_matmul, _split_k, _weights_as_matrix, gemm_extents, groups
 
     wl = make_workload(name, params)
     sch = new_schedule(wl, _weights_as_matrix(wl))
     block = sch.get_sblock("compute")
-    _as_matmul(sch, block, wl)
+    _, scatter = _as_matmul(sch, block, wl)
     # A (read 0) is the kernel's W[f, k], B (read 1) the input's im2col X[k, pixel].
     assert [r.source.name for r in sch.get(block).reads] == ["kernel_flat_reindex", "pad_reindex"]
     extents = tuple(int(loop.extent) for loop in map(sch.get, sch.get_loops(block)))
     assert extents == ((groups(wl),) if groups(wl) > 1 else ()) + gemm_extents(wl)
+    if sliced:
+        split = 2 if extents[-1] % 2 == 0 else 3
+        partial = _split_k(sch, block, split, scatter)
+        *outputs, slices, k = (int(loop.extent) for loop in map(sch.get, sch.get_loops(partial)))
+        assert (tuple(outputs), slices, k) == (extents[:-1], split, extents[-1] // split)
+        assert [int(x) for x in sch.get(partial).writes[0].source.shape] == [split, *extents[:-1]]
     inputs = wl.random_inputs(seed=2)
     dev = tvm.cpu(0)
     out = tvm.runtime.tensor(np.full(wl.output_shape(), np.nan, dtype=wl.dtype), dev)
@@ -637,7 +647,8 @@ def test_cuda_tensorcore_convolutions_gather_their_tiles_or_store_the_im2col_mat
     wl = _workload(CUDA_CASES[case])
     template = get_template(wl, "cuda")
     space = template.space(wl, CUDA)
-    configs = valid_configs(template, wl, CUDA, count=3)
+    # Whole reductions: split-K's partial sums are a global buffer too (tested below).
+    configs = [space.from_json({**c.to_json(), "split_k": 1}) for c in valid_configs(template, wl, CUDA, count=3)]
     for config in configs + [space.from_json({**c.to_json(), "im2col": 1 - c["im2col"]}) for c in configs]:
         assert template.check(wl, CUDA, config) is None
         mod = template.schedule(wl, CUDA, config).mod
@@ -656,6 +667,33 @@ def test_cuda_tensorcore_convolutions_gather_their_tiles_or_store_the_im2col_mat
         assert source.count('extern "C" __global__') == 4 and "data_ptr" not in product
         if config["pipeline"] >= 2 and config["vector"] >= 2:
             assert _async_copies(product) == {"buf_dyn_shmem": {2 * config["vector"]}}
+
+
+@pytest.mark.parametrize("case", ["matmul-fp16-tensorcore", "conv2d-fp16-tensorcore", "group-conv-fp16-tensorcore"])
+def test_cuda_tensorcore_split_k_sums_float32_slices_in_a_second_kernel(case: str) -> None:
+    """`split_k` s > 1: the product's kernel writes s float32 slices of partial products, one
+    global buffer [s, (groups,) M, N], and never the output; a second kernel adds the slices up
+    and writes each output, cast to float16, in the workload's layout. Slices that do not divide
+    the outer steps of k are refused."""
+    from farm.core.templates.cuda_tensorcore import gemm_extents, groups
+
+    wl = _workload(CUDA_CASES[case])
+    template = get_template(wl, "cuda")
+    space = template.space(wl, CUDA)
+    config = next(c for c in valid_configs(template, wl, CUDA, count=50) if c["split_k"] > 1 and not c["im2col"])
+    split = config["split_k"]
+    mod = template.schedule(wl, CUDA, config).mod
+    assert verify_gpu(mod, CUDA) is None
+    allocated = [(buf.scope(), buf.dtype, [int(x) for x in buf.shape]) for buf in mod["main"].body.block.alloc_buffers]
+    extents = [groups(wl)] if groups(wl) > 1 else []
+    partial_sums = ("global", "float32", [split, *extents, *gemm_extents(wl)[:2]])
+    assert [a for a in allocated if a[0] == "global"] == [partial_sums]
+    source = _cuda_source(mod)
+    product, summed = re.split(r'extern "C" __global__', source)[-2:]  # the definitions follow the declarations
+    assert "mma_sync" in product and "epilogue_ptr" not in product.split(")")[0]
+    assert "mma_sync" not in summed and "epilogue_ptr[" in summed and "((half)" in summed
+    whole = space.from_json({**config.to_json(), "tile_k": [1, gemm_extents(wl)[2] // 16]})  # one outer step
+    assert f"split_k={split} does not divide the 1 outer steps" in (template.check(wl, CUDA, whole) or "")
 
 
 def test_cuda_tensorcore_im2col_copies_8_half_vectors_of_the_stored_matrix() -> None:

@@ -35,6 +35,12 @@ TensorIR tensorize tests): the output is tiled into 16x16 fragments, grouped
   each warp's fragments one at a time, each written out by the warp's own 32 threads (1). The
   whole tile costs 4 bytes of shared memory per output: a 128x128 tile takes 64 KiB, more than
   a block gets without opting in (48 KiB), so the larger tiles are only reachable with 1;
+- `split_k` cuts the reduction into 1 to 8 slices, each computed by blocks of its own (blockIdx.z,
+  with the groups) into a float32 buffer of partial products (TVM's ``rfactor``), which a second
+  kernel adds up, one thread per output, and writes out in the workload's layout and dtype. It
+  fills the GPU where the output alone gives too few blocks: a ResNet 14x14 stage at batch 8 is
+  98 blocks of 128x32 on 132 SMs, 8 warps each (kernels-2026-11-26d.md). The partial sums cost
+  slices x M x N floats written and read, mostly in L2;
 - `pipeline` keeps 2 to 4 copies of the shared tiles (base.PIPELINE: 1 with ordinary loads, 2 to 4
   with asynchronous copies on sm_80 and later), so the next steps' tiles load while this one
   computes; `auto_unroll_max_step` unrolls.
@@ -87,6 +93,8 @@ PAD = (0, 8)
 UNROLL = (0, 64, 512)
 IM2COL = (0, 1)  # a convolution's X gathered into each tile (0) or stored by a kernel of its own (1)
 IM2COL_THREADS = 256  # threads per block of that kernel
+SPLIT_K = (1, 2, 3, 4, 8)  # slices of the reduction, each summed by blocks of its own (1: no split)
+SUM_THREADS = 256  # threads per block of the kernel that adds up split-K's partial sums
 STORE = (0, 1)  # the accumulators go out through the block's whole tile (0) or a fragment at a time (1)
 OUT_VECTOR = 4  # floats per thread and load from a fragment's staging area (one 128-bit load)
 
@@ -122,6 +130,7 @@ class CudaTensorCore(Template, name="cuda.tensorcore", kind="cuda",
             ChoiceKnob("auto_unroll_max_step", list(UNROLL)),
             ChoiceKnob("store", list(STORE)),
             ChoiceKnob("im2col", list(IM2COL) if wl.name != "matmul" else [0], default=0),
+            ChoiceKnob("split_k", [s for s in SPLIT_K if k // FRAGMENT % s == 0], default=1),
         ])
 
     def check(self, wl: Workload, target: TargetSpec, config: Config) -> str | None:
@@ -135,16 +144,18 @@ class CudaTensorCore(Template, name="cuda.tensorcore", kind="cuda",
             return f"{frags_i}x{frags_j} accumulator fragments per warp > {MAX_ACCUMULATORS}"
         if blocks_i > CUDA_MAX_GRID_DIM["y"]:
             return f"blockIdx.y extent {blocks_i} > {CUDA_MAX_GRID_DIM['y']}"
-        if groups(wl) > CUDA_MAX_GRID_DIM["z"]:
-            return f"blockIdx.z extent {groups(wl)} > {CUDA_MAX_GRID_DIM['z']}"
-        steps = config["tile_k"][0]
+        split, steps = config["split_k"], config["tile_k"][0]
+        if steps % split:
+            return f"split_k={split} does not divide the {steps} outer steps of k"
+        if groups(wl) * split > CUDA_MAX_GRID_DIM["z"]:
+            return f"blockIdx.z extent {groups(wl) * split} > {CUDA_MAX_GRID_DIM['z']}"
         rows, cols, depth = _tile(config)
         vector = config["vector"]
         # Every thread copies whole vectors, and each of a tile's rows holds whole vectors.
         for what, size in (("the A tile", rows * depth), ("the B tile", depth * cols)):
             if size % (threads * vector):
                 return f"{what}'s {size} halves do not split into {threads} threads x {vector}"
-        if (reason := pipeline_error(config["pipeline"], steps, target)) is not None:
+        if (reason := pipeline_error(config["pipeline"], steps // split, target)) is not None:
             return reason
         return shared_memory_error(_staging_bytes(config), target, _input_bytes(config))
 
@@ -154,13 +165,32 @@ class CudaTensorCore(Template, name="cuda.tensorcore", kind="cuda",
         sch = new_schedule(wl, None if wl.name == "matmul" else _weights_as_matrix(wl))
         block = sch.get_sblock("compute")
         gathers, scatter = _as_matmul(sch, block, wl)
-        *group, i, j, k = sch.get_loops(block)
+        split = config["split_k"]
+        if split > 1:  # `block` becomes the slices' partial products, added up by a kernel of their own
+            summed, block = block, _split_k(sch, block, split, scatter)
+            *outputs, _ = sch.get_loops(summed)
+            threads = min(SUM_THREADS, target.limit("max_threads_per_block"))
+            sum_blocks, sum_thread = sch.split(sch.fuse(*outputs), [None, threads])
+            sch.bind(sum_blocks, "blockIdx.x")
+            sch.bind(sum_thread, "threadIdx.x")
+            if scatter is None:
+                fold_epilogue(sch, None, sum_thread)
+            else:  # each thread's output written out in NCHW, cast, from a register
+                fold_epilogue(sch, scatter, None)
+                sch.reverse_compute_at(scatter, sum_thread)
+                sch.set_scope(summed, 0, "local")
+                scatter = None
+            *group, i, j, k_slice, k = sch.get_loops(block)
+            group.append(k_slice)
+        else:
+            *group, i, j, k = sch.get_loops(block)
         i_block, i_warp, i_frag, i_16 = sch.split(i, [*config["tile_i"], FRAGMENT])
         j_block, j_warp, j_frag, j_16 = sch.split(j, [*config["tile_j"], FRAGMENT])
-        k_outer, k_frag, k_16 = sch.split(k, [*config["tile_k"], FRAGMENT])
+        steps, frags = config["tile_k"]
+        k_outer, k_frag, k_16 = sch.split(k, [steps // split, frags, FRAGMENT])
         sch.reorder(*group, i_block, j_block, i_warp, j_warp, k_outer, k_frag, i_frag, j_frag, i_16, j_16, k_16)
-        if group:  # one grouped conv's groups side by side, each a product of its own
-            sch.bind(group[0], "blockIdx.z")
+        if group:  # a grouped conv's groups and split-K's slices side by side, each a product of its own
+            sch.bind(sch.fuse(*group) if len(group) > 1 else group[0], "blockIdx.z")
         sch.bind(i_block, "blockIdx.y")
         sch.bind(j_block, "blockIdx.x")
         warp = sch.fuse(i_warp, j_warp)
@@ -176,7 +206,8 @@ class CudaTensorCore(Template, name="cuda.tensorcore", kind="cuda",
         row_16 = _fragments(sch, accumulator)
         if config["store"]:  # each fragment as soon as it is stored, by its warp's lanes
             sch.reverse_compute_at(out_shared, sch.get_loops(accumulator)[-3])
-            fold_epilogue(sch, out_shared, None)
+            if split == 1:  # with split-K, the sum's kernel computes the epilogue
+                fold_epilogue(sch, out_shared, None)
             rows, lane, vector = sch.split(sch.fuse(*sch.get_loops(out_shared)[-2:]), [None, WARP, OUT_VECTOR])
             sch.bind(lane, "threadIdx.x")
             sch.vectorize(vector)
@@ -188,7 +219,8 @@ class CudaTensorCore(Template, name="cuda.tensorcore", kind="cuda",
             sch.annotate(rows, "pragma_unroll_explicit", 0)
         else:  # the block's whole tile, by all its threads
             sch.reverse_compute_at(out_shared, j_block)
-            fold_epilogue(sch, out_shared, None)
+            if split == 1:
+                fold_epilogue(sch, out_shared, None)
             _spread(sch, out_shared, warps, 1)
         sch.tensorize(row_16, intrin.WMMA_STORE_16x16x16_F32_SHARED_INTRIN)
 
@@ -206,7 +238,7 @@ class CudaTensorCore(Template, name="cuda.tensorcore", kind="cuda",
 
         for index, gather in enumerate(gathers):  # W's and X's reads from the inputs
             if index == 1 and config["im2col"]:  # X stored whole by a kernel of its own
-                _iterate_as_written(sch, gather)
+                _iterate_as(sch, gather, "write")
                 blocks, threads = sch.split(sch.fuse(*sch.get_loops(gather)), [None, IM2COL_THREADS])
                 sch.bind(blocks, "blockIdx.x")
                 sch.bind(threads, "threadIdx.x")
@@ -316,16 +348,34 @@ def _as_matmul(sch: Any, block: Any, wl: Workload) -> tuple[list[Any], Any | Non
     return [gather_w, gather_x], scatter
 
 
-def _iterate_as_written(sch: Any, block: Any) -> None:
-    """Make `block` iterate over the buffer it writes, in its order: its innermost loop then runs
-    along the buffer's last axis, so that consecutive threads store consecutive elements. (A
-    reindex block iterates as the computation it came from: for X, kx innermost, a row of X
-    apart.)"""
+def _split_k(sch: Any, block: Any, split: int, scatter: Any | None) -> Any:
+    """Cut the reduction of `block` (the product as `_as_matmul` leaves it, its loops ending in
+    k) into `split` slices: returns the block that computes each slice's partial products into a
+    float32 buffer P[slice, (group,) i, j], its loops (group, i, j, slice, k within the slice).
+    `block` itself becomes the sum of the slices into C, its loops C's and then the slices'.
+
+    A convolution's `scatter` (C[f, pixel] into the output's NCHW layout) is made to iterate as
+    it reads C, so that it can follow the sum one output at a time (`compute_at`: its iteration
+    is then solved from the one element of C, where the NCHW order would need (n * OH + y) * OW
+    + x inverted, which TVM cannot do)."""
+    *_, k = sch.get_loops(block)
+    slices, _ = sch.split(k, [split, None])
+    partial = sch.rfactor(slices, factor_axis=0)
+    if scatter is not None:
+        _iterate_as(sch, scatter, "read")
+    return partial
+
+
+def _iterate_as(sch: Any, block: Any, access: str) -> None:
+    """Make `block` iterate over the buffer it writes (`access` "write") or its one read
+    ("read"), in that buffer's order: its innermost loop then runs along the buffer's last axis,
+    so that consecutive threads access consecutive elements. (A reindex block iterates as the
+    computation it came from: for X, kx innermost, a row of X apart.)"""
     from tvm.tirx import IndexMap
 
     stmt = sch.get(block)
-    sch.transform_block_layout(block, IndexMap([iv.var for iv in stmt.iter_vars],
-                                               [r.min for r in stmt.writes[0].region], None))
+    region = (stmt.writes if access == "write" else stmt.reads)[0].region
+    sch.transform_block_layout(block, IndexMap([iv.var for iv in stmt.iter_vars], [r.min for r in region], None))
 
 
 def _axes_to(used: list[int], variables: int, to: Any) -> Any:
