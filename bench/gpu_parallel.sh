@@ -5,9 +5,13 @@
 # Each run writes to OUTDIR/gpu0 or OUTDIR/gpu1 with the environment's settings (KERNEL_CASES,
 # VSMS_CASES, ...); OUTDIR/DONE appears when both have ended, for bench/gpu_collect.sh. The two
 # share the host's cores: their tuning jobs' wall times are not those of a job alone, while the
-# kernels' latencies, timed on their own GPUs, are.
+# kernels' latencies, timed on their own GPUs, are. Not vsms: beside another tuning job,
+# MetaSchedule's builds outlast its 30 s build timeout (504 of 512 failed once), so it runs alone.
 set -uo pipefail
 OUT=${1:?output folder}; STEPS0=${2:?steps for GPU 0}; STEPS1=${3:?steps for GPU 1}
+if [[ " $STEPS0 $STEPS1 " == *" vsms "* ]]; then
+  echo "gpu_parallel.sh: run vsms alone (bench/gpu_session.sh): beside another job its builds time out" >&2; exit 2
+fi
 mkdir -p "$OUT"; rm -f "$OUT/DONE"
 HERE=$(cd "$(dirname "$0")" && pwd)
 # shellcheck disable=SC2086  # each list of steps is split into its words
