@@ -65,6 +65,7 @@ def init_ray(address: str | None = None) -> bool:
 
     if get_authentication_mode() != AuthenticationMode.TOKEN:
         Config.initialize("")
+    from farm.core.host import usable_cores
     from workers.device import VISIBLE_GPUS_ENV, gpu_count
 
     gpus = gpu_count()
@@ -77,7 +78,7 @@ def init_ray(address: str | None = None) -> bool:
     try:
         with _without_head_extras():
             # address="local": a new instance of our own, never a `ray start` cluster running on this machine.
-            ray.init(address="local", _node_ip_address=LOOPBACK, num_gpus=gpus or os.cpu_count() or 1,
+            ray.init(address="local", _node_ip_address=LOOPBACK, num_gpus=gpus or usable_cores(),
                      include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False,
                      configure_logging=False)
     finally:

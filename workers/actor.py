@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from farm.core import metrics
+from farm.core.host import usable_cores
 from farm.core.task import Task
 from farm.core.tvm_import import import_tvm
 from workers.device import LocalDevice
@@ -108,7 +109,7 @@ def _build_slots() -> int:
 
     node = ray.get_runtime_context().get_node_id()
     gpus = next((n["Resources"].get("GPU", 0) for n in ray.nodes() if n["NodeID"] == node), 0)
-    return max(1, (os.cpu_count() or 1) // max(1, int(gpus)))
+    return max(1, usable_cores() // max(1, int(gpus)))
 
 
 def _serve_metrics(local_gpu: int) -> str:

@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from farm.core.errors import one_line
+from farm.core.host import usable_cores
 from farm.core.measure import Status
 from farm.core.targets import TargetSpec, parse_target
 from farm.core.task import Task
@@ -425,7 +426,7 @@ class ProcessPoolBuilder:
         """`build` (a module-level function, run in the build processes) builds one candidate:
         `build_one`, unless a test injects failures."""
         self._build = build
-        self._workers = workers or max(1, (os.cpu_count() or 2))
+        self._workers = workers or usable_cores()
         self.timeout, self.floor = timeout, floor
         self._seconds: dict[str, deque[float]] = {}  # task -> its latest candidates' build seconds
         self.dir = tempfile.mkdtemp(prefix="farm-build-")

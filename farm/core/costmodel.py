@@ -31,6 +31,7 @@ import numpy as np
 
 from farm.core.errors import FarmError
 from farm.core.features import featurizer
+from farm.core.host import usable_cores
 from farm.core.measure import MeasureResult
 from farm.core.task import Task
 from farm.core.workloads import workload_from_json
@@ -66,7 +67,7 @@ def idle_cores() -> int:
     busy core spin: at a load of 6 on 2 cores, training on 10,000 trials took 10.5 s with 2
     threads and 1.8 s with 1.
     """
-    cores = os.cpu_count() or 1
+    cores = usable_cores()
     try:
         load = os.getloadavg()[0]
     except OSError:  # no load average on this platform

@@ -8,12 +8,12 @@ canonical form is that dict, so a target stored in the database round-trips exac
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
 from farm.core.errors import FarmError, brief
+from farm.core.host import usable_cores
 from farm.core.untrusted import check_depth, parse_json
 
 # The fleet's GPUs are Hopper (H100/H200); a `cuda` target without an arch means sm_90.
@@ -103,7 +103,7 @@ class TargetSpec:
 
     @property
     def num_cores(self) -> int:
-        return int(self.doc.get("num-cores", os.cpu_count() or 1))
+        return int(self.doc.get("num-cores", usable_cores()))
 
     @property
     def arch(self) -> str:
@@ -179,7 +179,7 @@ def parse_target(text: str | dict[str, Any] | TargetSpec) -> TargetSpec:
             raise FarmError(f"cuda arch {brief(doc['arch'])} is not one the farm compiles for; "
                             f"use one of {', '.join(CUDA_ARCHS)}")
     else:
-        doc.setdefault("num-cores", os.cpu_count() or 1)
+        doc.setdefault("num-cores", usable_cores())
     for name, (low, high) in NUMERIC_ATTRS[kind].items():
         if name in doc:
             value = doc[name]
