@@ -11,7 +11,9 @@ from its start to its exit (imports, servers and Ray included: what a user waits
   the first GPU, the one MetaSchedule's runner uses;
 - MetaSchedule: `ms.tune_tir` with its defaults (post-order-apply space, evolutionary search
   with its XGBoost model, LocalBuilder, LocalRunner with its default evaluator), max_trials_global
-  = N, num_trials_per_iter = 64 (its default).
+  = N, num_trials_per_iter = 64 (its default); its LocalBuilder has one process per core this
+  process may use, as the farm's build slots (farm.core.host.usable_cores), where its default
+  counts the machine's.
 
 Then both best kernels are rebuilt in this process (the farm's from its export with farm.build,
 MetaSchedule's from its database with compile_tir), checked against the NumPy reference, and
@@ -33,6 +35,7 @@ from typing import Any
 import numpy as np
 from costmodel_common import add_workload_arguments, farm_curve, farm_tune, machine, spread, timed
 
+from farm.core.host import usable_cores
 from farm.core.targets import parse_target
 from farm.core.workloads import Workload, make_workload
 from farm.report import Curve, best_so_far, plot_curves
@@ -52,8 +55,12 @@ def run_metaschedule(workload: Workload, target: str, trials: int, work_dir: Pat
     from tvm.s_tir import meta_schedule as ms
 
     mod = tvm.IRModule({"main": te.create_prim_func(workload.build_te())})
+    # Its default builder starts one process per core of the machine (psutil), whatever this
+    # process may use; sized like the farm's build slots instead, by the cores it may run on (the
+    # same number on a machine of its own).
+    builder = ms.builder.LocalBuilder(max_workers=usable_cores())
     start = time.perf_counter()
-    ms.tune_tir(mod, parse_target(target).tvm(), str(work_dir), max_trials_global=trials, seed=seed)
+    ms.tune_tir(mod, parse_target(target).tvm(), str(work_dir), max_trials_global=trials, seed=seed, builder=builder)
     (work_dir / "tune.json").write_text(json.dumps({"tune_seconds": time.perf_counter() - start}))
 
 
