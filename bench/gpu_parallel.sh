@@ -3,7 +3,9 @@
 # for steps that need one GPU each (check, kernels, fsearch, vsms; not e2e, which takes both):
 #   bash bench/gpu_parallel.sh OUTDIR "STEPS ON GPU 0" "STEPS ON GPU 1"
 # Each run writes to OUTDIR/gpu0 or OUTDIR/gpu1 with the environment's settings (KERNEL_CASES,
-# VSMS_CASES, ...); OUTDIR/DONE appears when both have ended, for bench/gpu_collect.sh.
+# VSMS_CASES, ...), and a setting prefixed GPU0_ or GPU1_ applies to that run alone, over the
+# plain one (GPU1_VSMS_CASES="resnet-last-conv" while GPU 0 takes VSMS_CASES); OUTDIR/DONE
+# appears when both have ended, for bench/gpu_collect.sh.
 # Each run is pinned (taskset) to its own half of the cores this script may use, and the farm
 # and vs_metaschedule's MetaSchedule size their build pools by the cores they may use
 # (farm.core.host): each run is a one-GPU machine of half the cores. Unpinned, both sized their
@@ -20,13 +22,16 @@ if (( half == 0 )) || ! command -v taskset > /dev/null; then
   echo "gpu_parallel.sh: needs taskset and 2 cores or more to give each GPU's run cores of its own" >&2; exit 2
 fi
 list() { local IFS=,; echo "$*"; }
+# Run n's own settings: each GPU<n>_NAME=value of the environment as NAME=value (NUL-separated).
+own() { local v; for v in $(compgen -e); do [[ $v == GPU$1_* ]] && printf '%s=%s\0' "${v#GPU"$1"_}" "${!v}"; done; }
+mapfile -d '' env0 < <(own 0); mapfile -d '' env1 < <(own 1)
 mkdir -p "$OUT"; rm -f "$OUT/DONE"
 HERE=$(cd "$(dirname "$0")" && pwd)
 # shellcheck disable=SC2086  # each list of steps is split into its words
-CUDA_VISIBLE_DEVICES=0 taskset -c "$(list "${cores[@]:0:half}")" bash "$HERE/gpu_session.sh" "$OUT/gpu0" $STEPS0 \
+env "${env0[@]}" CUDA_VISIBLE_DEVICES=0 taskset -c "$(list "${cores[@]:0:half}")" bash "$HERE/gpu_session.sh" "$OUT/gpu0" $STEPS0 \
   > "$OUT/gpu0.out" 2>&1 &
 # shellcheck disable=SC2086
-CUDA_VISIBLE_DEVICES=1 taskset -c "$(list "${cores[@]:half}")" bash "$HERE/gpu_session.sh" "$OUT/gpu1" $STEPS1 \
+env "${env1[@]}" CUDA_VISIBLE_DEVICES=1 taskset -c "$(list "${cores[@]:half}")" bash "$HERE/gpu_session.sh" "$OUT/gpu1" $STEPS1 \
   > "$OUT/gpu1.out" 2>&1 &
 wait
 touch "$OUT/DONE"
