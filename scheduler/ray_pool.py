@@ -55,6 +55,7 @@ class RayWorkerPool:
         self._starting: list[Any] = []  # actors of joined devices, starting
         self._joined: list[tuple[Any, dict[str, Any]]] = []  # actors of joined devices, up: (actor, info)
         self._down: set[int] = set()  # workers whose replacement actor is not up yet
+        self._closed = False  # once closing: an actor's death is no longer replaced
         self.actors: list[Any] = [self._new_actor(i) for i in range(len(self.rpc_keys) or count)]
         # The shards' search actors start beside the worker actors, not after them.
         self._search_actors: list[Any] = self._new_search_actors()
@@ -106,7 +107,8 @@ class RayWorkerPool:
     def _replace(self, worker: int, dead: Any, error: Exception) -> None:
         """A new actor in place of `dead` (once, however many of its calls fail)."""
         with self._lock:
-            if self.actors[worker] is not dead:
+            # Calls the tuning loop left running (its end game's) fail once `close` kills their actor.
+            if self._closed or self.actors[worker] is not dead:
                 return
             log.warning("worker actor %s died (%s); starting a new one", self.names[worker], one_line(error))
             self.actors[worker] = new = self._new_actor(worker)
@@ -198,6 +200,7 @@ class RayWorkerPool:
         import ray
 
         with self._lock:  # joined devices not yet in the pool are stopped too; one still starting is killed
+            self._closed = True
             self.actors += [actor for actor, _ in self._joined]
             starting, self._starting, self._joined = self._starting, [], []
         try:

@@ -24,6 +24,17 @@ Work flows as a stream of small chunks rather than batches that wait for one ano
 The loop stops at each task's budget exactly, when the space is exhausted, or when the job is
 cancelled (the chunks in flight then finish and are kept). A job's budget is spread over its
 tasks when the job is created (farm.core.jobspec.JobRequest).
+
+The end game: once a task's whole budget is handed out, a worker with nothing left in flight
+would wait for the others' last chunks, the task held by the slowest of their builds (one 18 s
+build kept a 2-GPU job's second GPU idle for 8 s, docs/benchmarks/e2e-throughput-2026-11-26f.md).
+Once such a worker has been idle END_GAME_GRACE seconds, it gets a chunk of new configs instead,
+as many as the budget still lacks (at most a chunk). The first results to arrive complete the
+budget; the task then ends without waiting for the chunks still out, whose results are not
+recorded (the store holds the budget exactly, each config once). Only a worker that has returned
+results in the task stands in, and only for workers that have too: one still starting up (its
+first builds, its first session) is waited for, as without the end game. So a task measures a few
+candidates more than its budget only where a device would otherwise have waited.
 """
 
 from __future__ import annotations
@@ -55,6 +66,10 @@ CHUNK = 4
 MAX_ATTEMPTS = 3
 # How often the loop asks the store whether the job was cancelled.
 CANCEL_POLL_SECONDS = 1.0
+# Seconds a worker idles at a task's end before it stands in for the others' last chunks (the end
+# game, module docstring): the last chunks of workers going at the same pace come back within a
+# second or two of each other, and those are waited for rather than measured twice.
+END_GAME_GRACE = 3.0
 
 
 @dataclass
@@ -157,6 +172,8 @@ class _TaskLoop:
         self.current = starting_model(store, row)
         searches.set_model(self.current)
         self.in_flight = [0] * pool.size  # candidates being proposed for, or handed to, each worker
+        self.returned = [False] * pool.size  # whether each worker has returned results in this task
+        self.idle_since: list[float | None] = [None] * pool.size  # since when it had nothing in flight
         # A worker's first batch of a task goes out one candidate per call, so the first result is
         # stored as soon as any one of them has compiled, not the slowest of a chunk: the first,
         # unguided configs of resnet-last-conv took 1 to 13 s each to compile on the GPU hosts,
@@ -179,10 +196,12 @@ class _TaskLoop:
         """Run the task to its budget; "done" or "cancelled"."""
         polled = time.monotonic()
         try:
+            last_event = time.monotonic()  # the stall watchdog's clock
             while True:
                 self._fill()
-                if not self.proposals and not self.running:
-                    if not (self.cancelled or (not self.retry and (self.exhausted or self._left() <= 0))):
+                if self._complete() or (not self.proposals and not self.running):
+                    if not (self._complete() or self.cancelled
+                            or (not self.retry and (self.exhausted or self._left() <= 0))):
                         self._wait_for_a_worker(stall_seconds)  # work is left, but no worker can take it
                         continue
                     if self.retraining is not None:
@@ -196,11 +215,18 @@ class _TaskLoop:
                 waiting: list[cf.Future[Any]] = [*self.proposals, *self.running]
                 if self.retraining is not None:
                     waiting.append(self.retraining)
-                finished, _ = cf.wait(waiting, timeout=stall_seconds, return_when=cf.FIRST_COMPLETED)
-                if not finished:  # the watchdog: say so and keep waiting (a hang ends as a timeout result)
-                    log.warning("task %s: nothing finished in %.0f s (%d chunks running)", self.task,
-                                stall_seconds, len(self.running))
+                # Waking for the end game too, when a worker's grace ends before anything finishes.
+                wake = self._end_game_wake()
+                finished, _ = cf.wait(waiting, timeout=stall_seconds if wake is None else min(wake, stall_seconds),
+                                      return_when=cf.FIRST_COMPLETED)
+                if not finished:
+                    if time.monotonic() - last_event >= stall_seconds:
+                        # The watchdog: say so and keep waiting (a hang ends as a timeout result).
+                        log.warning("task %s: nothing finished in %.0f s (%d chunks running)", self.task,
+                                    stall_seconds, len(self.running))
+                        last_event = time.monotonic()
                     continue
+                last_event = time.monotonic()
                 for future in finished:
                     if future is self.retraining:
                         self._retrained()
@@ -248,9 +274,50 @@ class _TaskLoop:
             if self.singles[worker]:
                 n = 1
                 self.singles[worker] -= 1
-            (future,) = self.searches.propose([(self._shard(worker), n)])
-            self.proposals[future] = (worker, n)
-            self.in_flight[worker] += n
+            self._propose(worker, n)
+        for worker in self._stand_ins():
+            self._propose(worker, min(self.chunk, self.budget - self.done))
+
+    def _propose(self, worker: int, n: int) -> None:
+        """Ask `worker`'s shard search for `n` configs, handed to the worker once proposed."""
+        (future,) = self.searches.propose([(self._shard(worker), n)])
+        self.proposals[future] = (worker, n)
+        self.in_flight[worker] += n
+        self.idle_since[worker] = None
+
+    def _complete(self) -> bool:
+        """Whether the budget is all measured: what is still out then is the end game's, not waited for."""
+        return self.done >= self.budget
+
+    def _end_game(self) -> bool:
+        """Whether the task is in its end game (module docstring): its budget all handed out, none
+        of it to measure again, some still out, and all of that with workers that have returned
+        results in the task."""
+        if self.cancelled or self.exhausted or self.retry or self._left() > 0 or self._complete():
+            return False
+        out = [w for w, n in enumerate(self.in_flight) if n]
+        return bool(out) and all(self.returned[w] for w in out)
+
+    def _idle_for(self, worker: int) -> float | None:
+        """Seconds `worker` has been idle, if it may stand in: ready, nothing in flight, results returned."""
+        since = self.idle_since[worker]
+        if since is None or self.in_flight[worker] or not self.returned[worker] or not self.pool.ready(worker):
+            return None
+        return time.monotonic() - since
+
+    def _stand_ins(self) -> list[int]:
+        """The workers that stand in for the others' last chunks now: idle END_GAME_GRACE seconds."""
+        if not self._end_game():
+            return []
+        return [w for w in range(len(self.in_flight)) if (idle := self._idle_for(w)) is not None
+                and idle >= END_GAME_GRACE]
+
+    def _end_game_wake(self) -> float | None:
+        """Seconds until the next worker's grace ends, in the end game; None if none is waiting."""
+        if not self._end_game():
+            return None
+        idle = [i for w in range(len(self.in_flight)) if (i := self._idle_for(w)) is not None]
+        return max(0.0, END_GAME_GRACE - max(idle)) if idle else None
 
     def _shard(self, worker: int) -> int:
         """The shard worker `worker` searches: its own, or an earlier worker's if it joined later."""
@@ -275,6 +342,8 @@ class _TaskLoop:
         added = self.pool.grow()
         if added:
             self.in_flight += [0] * added
+            self.returned += [False] * added
+            self.idle_since += [None] * added
             self.singles += [self.batch_size] * added
             self.round_size = self.pool.size * self.batch_size
             log.info("task %s: %d worker(s) joined, %d measuring now", self.task_id, added, self.pool.size)
@@ -283,6 +352,7 @@ class _TaskLoop:
         future = self.pool.submit(worker, self.task, indices, shard, self.round)
         self.running[future] = _Chunk(worker, shard, indices, self.round, attempt)
         self.in_flight[worker] += len(indices)
+        self.idle_since[worker] = None
 
     # --- events -------------------------------------------------------------------------
 
@@ -302,6 +372,8 @@ class _TaskLoop:
     def _measured(self, future: cf.Future[list[MeasureResult]]) -> None:
         chunk = self.running.pop(future)
         self.in_flight[chunk.worker] -= len(chunk.indices)
+        if self._complete():  # the end game's: the budget was completed by others
+            return
         try:
             results = future.result()
         except FarmError:  # the worker cannot measure at all (its device never came up): the job fails
@@ -318,10 +390,14 @@ class _TaskLoop:
             results = [MeasureResult(i, self.task.space.get(i).to_json(), Status.RUNTIME_ERROR,
                                      f"worker failed {chunk.attempt} times: {one_line(e)}", worker=name,
                                      shard=chunk.shard, round=chunk.round) for i in chunk.indices]
+        self.returned[chunk.worker] = True
+        if not self.in_flight[chunk.worker]:
+            self.idle_since[chunk.worker] = time.monotonic()
         if not self.round_results and self.round == 0:
             # Start-up's end, for `farm tune -v` and the service's log: what a user waits for.
             log.info("task %s: first results %.1f s after its searches started", self.task_id,
                      time.monotonic() - self.started_at)
+        results = results[: self.budget - self.done]  # an end game's chunk or the one it stood in for: the first
         for r in results:
             self.writer.add(self.task_id, r)
         self.searches.observe(chunk.shard, results)

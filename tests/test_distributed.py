@@ -9,8 +9,9 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -459,6 +460,115 @@ def test_a_worker_that_joins_mid_task_gets_work_and_the_budget_stays_exact(pg_ur
     assert len(trials) == 40 and trials["config_index"].is_unique
     assert (trials["status"] == "ok").all()
     assert set(trials["worker"]) == {"local-0", "local-joined"}
+
+
+class _Delayed:
+    """A LocalWorkerPool's worker whose calls first ask `gate(self, indices)`, which may hold them
+    and says whether it did (their configs are then in `delayed`)."""
+
+    def __init__(self, worker: Any, gate: Callable[[_Delayed, list[int]], bool]) -> None:
+        self.worker, self.name, self.gate = worker, worker.name, gate
+        self.delayed: list[int] = []
+        self.returned = 0  # calls that came back
+
+    def process(self, task: Any, indices: list[int], shard: int = 0, round_: int = 0) -> list[Any]:
+        if self.gate(self, indices):
+            self.delayed.extend(indices)
+        results = self.worker.process(task, indices, shard, round_)
+        self.returned += 1
+        return results
+
+    def close(self) -> None:
+        self.worker.close()
+
+
+def _run_with_delayed_worker(pg_url: str, budget: int,
+                             gate_of: Callable[[ResultStore, int], Callable[[_Delayed, list[int]], bool]],
+                             before_close: Callable[[], None]) -> tuple[str, Any, _Delayed]:
+    """Run a 2-worker llvm job of `budget` trials whose worker 0 is `_Delayed` by
+    `gate_of(store, task_id)`, calling `before_close` once the job has ended (the pool's close
+    waits for its calls): (status, the job's trials, worker 0)."""
+    from scheduler.local_pool import LocalWorkerPool
+
+    store = open_store(pg_url)
+    job_id = store.submit(JobRequest.build(SMALL, "llvm", budget, workers=2, batch_size=4, search="random"))
+    (task_id,) = [t["id"] for t in store.tasks(job_id)]
+    delayed: list[_Delayed] = []
+
+    def factory(kind: str, count: int, keys: Sequence[str]) -> LocalWorkerPool:
+        pool = LocalWorkerPool.on_this_machine(kind, count, keys)
+        delayed.append(_Delayed(pool.workers[0], gate_of(store, task_id)))
+        pool.workers[0] = delayed[0]
+        return pool
+
+    with Scheduler(store, pool_factory=factory) as scheduler:
+        try:
+            status = scheduler.claim_and_run(job_id)
+            trials = store.trials(job_id=job_id)
+        finally:
+            before_close()
+    return status, trials, delayed[0]
+
+
+def test_a_task_ends_with_its_budget_without_waiting_for_a_held_worker(pg_url: str) -> None:
+    """The end game (scheduler.tuner): once the budget is handed out, a worker idle for
+    END_GAME_GRACE seconds measures new configs in place of another worker's last ones, and the
+    task ends with its budget exactly while those are still out. Here worker 0, once it has
+    returned results and 4 trials are stored, has its calls held (as if each waited for a build
+    that does not end); worker 1 measures the rest of the budget and then stands in. Nothing of
+    the held calls is recorded, and the task does not wait for them (without the end game it
+    waited until they were released, after 60 s, and recorded them)."""
+    release = threading.Event()
+    released_before_the_end: list[bool] = []
+
+    def gate_of(store: ResultStore, task_id: int) -> Callable[[_Delayed, list[int]], bool]:
+        def gate(worker: _Delayed, indices: list[int]) -> bool:
+            if worker.returned and store.trial_count(task_id) >= 4:
+                release.wait(60)
+                return True
+            return False
+        return gate
+
+    def before_close() -> None:
+        released_before_the_end.append(release.is_set())
+        release.set()
+
+    status, trials, worker = _run_with_delayed_worker(pg_url, 40, gate_of, before_close)
+    assert status == "done"
+    assert worker.delayed and released_before_the_end == [False]  # it ended while worker 0's calls were held
+    assert len(trials) == 40 and trials["config_index"].is_unique and (trials["status"] == "ok").all()
+    assert not set(worker.delayed) & set(trials["config_index"])  # the held calls' configs never became trials
+    assert (trials["worker"] == "local-1").sum() > 20  # worker 1 measured in worker 0's place
+
+
+def test_the_end_game_waits_for_a_worker_that_has_not_returned_results(pg_url: str) -> None:
+    """A worker slow to return its first results (still compiling its first candidates, still
+    opening its first session) is waited for, not stood in for: here every call of worker 0 waits
+    until all the other configs are stored and END_GAME_GRACE + 4 s more have passed. Its first
+    results are then trials (had worker 1 stood in for it, worker 1 would have completed the
+    budget during those seconds, and worker 0 would have none). Once it has returned results,
+    its calls still queued may be stood in for, as any worker's."""
+    from scheduler.tuner import END_GAME_GRACE
+
+    opened = threading.Event()
+    waiting: list[int] = []  # the configs of worker 0's calls waiting at the gate
+
+    def gate_of(store: ResultStore, task_id: int) -> Callable[[_Delayed, list[int]], bool]:
+        def gate(worker: _Delayed, indices: list[int]) -> bool:
+            if opened.is_set():
+                return False
+            waiting.extend(indices)
+            while store.trial_count(task_id) + len(waiting) < 16 and not opened.is_set():
+                time.sleep(0.05)  # until the budget is all handed out and the rest measured
+            opened.wait(END_GAME_GRACE + 4)  # then worker 1 idles past its grace
+            opened.set()
+            return True
+        return gate
+
+    status, trials, worker = _run_with_delayed_worker(pg_url, 16, gate_of, opened.set)
+    assert status == "done" and len(trials) == 16 and trials["config_index"].is_unique
+    assert worker.delayed and set(trials["config_index"][trials["worker"] == "local-0"]) <= set(worker.delayed)
+    assert (trials["worker"] == "local-0").sum() >= 1
 
 
 def test_a_job_naming_an_rpc_key_no_device_has_fails_with_a_clear_error(pg_url: str) -> None:

@@ -203,8 +203,11 @@ def test_a_killed_tracker_is_restarted_and_the_job_goes_on(pg_url: str) -> None:
         return pools[-1]
 
     # Budget enough that both workers still have candidates to measure after the kill, even
-    # when the results the poll below waits for are written late (a loaded machine).
-    job_id = store.submit(JobRequest.build(SMALL, "llvm", 48, workers=2, batch_size=4, search="random"))
+    # when the results the poll below waits for are written late (a loaded machine), and that
+    # worker 1 alone cannot hand out and measure the rest before worker 0 has its new session:
+    # it would then stand in for worker 0's last chunks (the tuning loop's end game), and worker
+    # 0's recovery would not be recorded.
+    job_id = store.submit(JobRequest.build(SMALL, "llvm", 160, workers=2, batch_size=4, search="random"))
     with Scheduler(store, pool_factory=pool_factory) as scheduler:
         assert store.claim_job(scheduler.id, job_id=job_id) == job_id
         result: dict[str, Any] = {}
@@ -228,7 +231,7 @@ def test_a_killed_tracker_is_restarted_and_the_job_goes_on(pg_url: str) -> None:
         assert result.get("status") == "done"
         assert tracker.address == scheduler.tracker and tracker.proc.pid != old_pid
     trials = store.trials(job_id=job_id)
-    assert len(trials) == 48 and trials["config_index"].is_unique
+    assert len(trials) == 160 and trials["config_index"].is_unique
     assert not trials["error"].str.contains("no session").any(), trials["error"].tolist()
     after = trials[[t is not None and "measure" in t and t["measure"][0] > killed for t in trials["timeline"]]]
     first_ok = {w: min((t["measure"][1] for t, s in zip(rows["timeline"], rows["status"], strict=True) if s == "ok"),
