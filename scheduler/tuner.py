@@ -276,7 +276,10 @@ class _TaskLoop:
                 self.singles[worker] -= 1
             self._propose(worker, n)
         for worker in self._stand_ins():
-            self._propose(worker, min(self.chunk, self.budget - self.done))
+            n = min(self.chunk, self.budget - self.done)
+            log.info("task %s: %s idle at the budget's end, measuring %d new configs in place of the %d still out",
+                     self.task_id, self.pool.names[worker], n, sum(self.in_flight))
+            self._propose(worker, n)
 
     def _propose(self, worker: int, n: int) -> None:
         """Ask `worker`'s shard search for `n` configs, handed to the worker once proposed."""
