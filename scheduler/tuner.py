@@ -28,10 +28,10 @@ tasks when the job is created (farm.core.jobspec.JobRequest).
 The end game: once a task's whole budget is handed out, a worker with nothing left in flight
 would wait for the others' last chunks, the task held by the slowest of their builds (one 18 s
 build kept a 2-GPU job's second GPU idle for 8 s, docs/benchmarks/e2e-throughput-2026-11-26f.md).
-Once such a worker has been idle END_GAME_GRACE seconds, it gets a chunk of new configs instead,
-as many as the budget still lacks (at most a chunk). The first results to arrive complete the
-budget; the task then ends without waiting for the chunks still out, whose results are not
-recorded (the store holds the budget exactly, each config once). Only a worker that has returned
+Once such a worker has been idle END_GAME_GRACE seconds, it gets new configs instead, as many as
+the budget still lacks (at most what it may have in flight). The first results to arrive
+complete the budget; the task then ends without waiting for the chunks still out, whose results
+are not recorded (the store holds the budget exactly, each config once). Only a worker that has returned
 results in the task stands in, and only for workers that have too: one still starting up (its
 first builds, its first session) is waited for, as without the end game. So a task measures a few
 candidates more than its budget only where a device would otherwise have waited.
@@ -276,7 +276,8 @@ class _TaskLoop:
                 self.singles[worker] -= 1
             self._propose(worker, n)
         for worker in self._stand_ins():
-            n = min(self.chunk, self.budget - self.done)
+            # All the budget lacks, as far as the worker has room: one grace, not one per chunk.
+            n = min(self.capacity, self.budget - self.done)
             log.info("task %s: %s idle at the budget's end, measuring %d new configs in place of the %d still out",
                      self.task_id, self.pool.names[worker], n, sum(self.in_flight))
             self._propose(worker, n)
