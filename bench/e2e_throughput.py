@@ -18,6 +18,8 @@ from its start to its exit. From the job's trials (their timelines, farm.report.
   the first candidates wait for it as well as for their builds);
 - how long Ray took to start (the job's `farm tune -v` log), and how long the process ran on
   after the job was recorded done (its best printed and exported, Ray stopped, its exit);
+- how many configs the tuning loop's end game measured beyond the budget, where a device would
+  otherwise have waited at a task's end (the same log);
 - a timeline PNG per run (farm report --timeline).
 
 Printed: one line per run, then medians over seeds (with min and max) per GPU count, and the
@@ -72,6 +74,7 @@ def run_once(args: argparse.Namespace, gpus: int, seed: int) -> dict[str, Any]:
             "overhead_p95_ms": 1e3 * overhead[int(0.95 * (len(overhead) - 1))],
             "first_session_s": first_sessions(args.out / f"logs-{name}", started),
             "ray_ready_s": ray_ready(args.out / f"{name}.log"),
+            "end_game_configs": end_game_configs(args.out / f"{name}.log"),
             # After the job was recorded done: its best printed and exported, Ray stopped, the process gone.
             "exit_after_job_s": wall - (claimed - started) - use.wall_seconds,
             "best_us": float(trials["latency"].min() * 1e6), "statuses": trials["status"].value_counts().to_dict()}
@@ -81,12 +84,20 @@ def run_once(args: argparse.Namespace, gpus: int, seed: int) -> dict[str, Any]:
 # session (workers.runner), with logging's local time.
 _RAY_READY = re.compile(r"farm\.scheduler Ray ready in ([0-9.]+) s")
 _FIRST_SESSION = re.compile(r"^(\S+ \S+) farm\.runner session 1 on \S+ open")
+# The tuning loop's line for each end-game stand-in (scheduler.tuner).
+_STAND_IN = re.compile(r"farm\.scheduler task \S+ \S+ idle at the budget's end, measuring (\d+) new configs")
 
 
 def ray_ready(log: Path) -> float | None:
     """Seconds Ray took to start (or join), from the job's `farm tune -v` log; None without the line."""
     match = _RAY_READY.search(log.read_text(errors="replace"))
     return float(match[1]) if match else None
+
+
+def end_game_configs(log: Path) -> int:
+    """Configs the end game's stand-ins measured beyond the budget (scheduler.tuner), from the
+    job's `farm tune -v` log: what a device measured rather than wait at a task's end."""
+    return sum(int(match[1]) for match in _STAND_IN.finditer(log.read_text(errors="replace")))
 
 
 def first_sessions(log_dir: Path, started: float) -> dict[str, float]:
@@ -170,7 +181,8 @@ def main() -> None:
                   f"device holding a candidate {measuring}; per candidate outside timed runs "
                   f"{run['overhead_median_ms']:.0f} ms median / {run['overhead_p95_ms']:.0f} ms p95; Ray ready in "
                   f"{run['ray_ready_s']} s; job claimed {run['claimed_after_s']:.1f} s after start; process gone "
-                  f"{run['exit_after_job_s']:.2f} s after the job ended; first session open after "
+                  f"{run['exit_after_job_s']:.2f} s after the job ended; end-game stand-ins measured "
+                  f"{run['end_game_configs']} configs; first session open after "
                   + ", ".join(f"{w} {t:.1f} s" for w, t in sorted(run["first_session_s"].items())), flush=True)
             if args.json:  # after every run: a session cut short keeps what it finished
                 args.json.write_text(json.dumps(figures, indent=1, default=str))
