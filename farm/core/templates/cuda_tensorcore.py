@@ -204,10 +204,12 @@ class CudaTensorCore(Template, name="cuda.tensorcore", kind="cuda",
         if scatter is not None:  # the product's C back into the output's NCHW layout
             sch.reverse_compute_inline(scatter)
         row_16 = _fragments(sch, accumulator)
-        if config["store"]:  # each fragment as soon as it is stored, by its warp's lanes
-            sch.reverse_compute_at(out_shared, sch.get_loops(accumulator)[-3])
-            if split == 1:  # with split-K, the sum's kernel computes the epilogue
-                fold_epilogue(sch, out_shared, None)
+        # Each fragment as soon as it is stored, by its warp's lanes (`store` 1), or the block's
+        # whole tile, by all its threads (0).
+        sch.reverse_compute_at(out_shared, sch.get_loops(accumulator)[-3] if config["store"] else j_block)
+        if split == 1:  # with split-K, the sum's kernel computes the epilogue
+            fold_epilogue(sch, out_shared, None)
+        if config["store"]:
             rows, lane, vector = sch.split(sch.fuse(*sch.get_loops(out_shared)[-2:]), [None, WARP, OUT_VECTOR])
             sch.bind(lane, "threadIdx.x")
             sch.vectorize(vector)
@@ -217,10 +219,7 @@ class CudaTensorCore(Template, name="cuda.tensorcore", kind="cuda",
             # cast's operand by its text, across the stores and barriers between them), so
             # every fragment but the first was written out with the first one's values.
             sch.annotate(rows, "pragma_unroll_explicit", 0)
-        else:  # the block's whole tile, by all its threads
-            sch.reverse_compute_at(out_shared, j_block)
-            if split == 1:
-                fold_epilogue(sch, out_shared, None)
+        else:
             _spread(sch, out_shared, warps, 1)
         sch.tensorize(row_16, intrin.WMMA_STORE_16x16x16_F32_SHARED_INTRIN)
 
