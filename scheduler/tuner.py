@@ -31,10 +31,10 @@ build kept a 2-GPU job's second GPU idle for 8 s, docs/benchmarks/e2e-throughput
 Once such a worker has been idle END_GAME_GRACE seconds, it gets new configs instead, as many as
 the budget still lacks (at most what it may have in flight). The first results to arrive
 complete the budget; the task then ends without waiting for the chunks still out, whose results
-are not recorded (the store holds the budget exactly, each config once). Only a worker that has returned
-results in the task stands in, and only for workers that have too: one still starting up (its
-first builds, its first session) is waited for, as without the end game. So a task measures a few
-candidates more than its budget only where a device would otherwise have waited.
+are not recorded (the store holds the budget exactly, each config once). Only a worker that has
+returned results in the task stands in, and only for workers that have too: one still starting
+up (its first builds, its first session) is waited for, as without the end game. So a task
+measures a few candidates more than its budget only where a device would otherwise have waited.
 """
 
 from __future__ import annotations
@@ -302,25 +302,22 @@ class _TaskLoop:
         out = [w for w, n in enumerate(self.in_flight) if n]
         return bool(out) and all(self.returned[w] for w in out)
 
-    def _idle_for(self, worker: int) -> float | None:
-        """Seconds `worker` has been idle, if it may stand in: ready, nothing in flight, results returned."""
-        since = self.idle_since[worker]
-        if since is None or self.in_flight[worker] or not self.returned[worker] or not self.pool.ready(worker):
-            return None
-        return time.monotonic() - since
+    def _idle(self) -> dict[int, float]:
+        """In the end game, the workers that may stand in (ready, nothing in flight, results
+        returned) and the seconds each has been idle; none outside it."""
+        if not self._end_game():
+            return {}
+        now = time.monotonic()
+        return {w: now - since for w, since in enumerate(self.idle_since) if since is not None
+                and not self.in_flight[w] and self.returned[w] and self.pool.ready(w)}
 
     def _stand_ins(self) -> list[int]:
         """The workers that stand in for the others' last chunks now: idle END_GAME_GRACE seconds."""
-        if not self._end_game():
-            return []
-        return [w for w in range(len(self.in_flight)) if (idle := self._idle_for(w)) is not None
-                and idle >= END_GAME_GRACE]
+        return [w for w, idle in self._idle().items() if idle >= END_GAME_GRACE]
 
     def _end_game_wake(self) -> float | None:
         """Seconds until the next worker's grace ends, in the end game; None if none is waiting."""
-        if not self._end_game():
-            return None
-        idle = [i for w in range(len(self.in_flight)) if (i := self._idle_for(w)) is not None]
+        idle = self._idle().values()
         return max(0.0, END_GAME_GRACE - max(idle)) if idle else None
 
     def _shard(self, worker: int) -> int:
