@@ -53,6 +53,7 @@ def run_once(args: argparse.Namespace, gpus: int, seed: int) -> dict[str, Any]:
     started = time.time()
     wall, db = farm_tune(args.workload, args.params, args.target, args.trials, "xgb", seed, args.out, name,
                          ["--workers", str(gpus), "--verbose"])
+    log = (args.out / f"{name}.log").read_text(errors="replace")  # farm tune -v's
     store = open_store(f"sqlite:///{db}")
     (job,) = store.jobs()
     use = utilisation(store, job["id"])
@@ -73,8 +74,8 @@ def run_once(args: argparse.Namespace, gpus: int, seed: int) -> dict[str, Any]:
             "overhead_median_ms": 1e3 * statistics.median(overhead),
             "overhead_p95_ms": 1e3 * overhead[int(0.95 * (len(overhead) - 1))],
             "first_session_s": first_sessions(args.out / f"logs-{name}", started),
-            "ray_ready_s": ray_ready(args.out / f"{name}.log"),
-            "end_game_configs": end_game_configs(args.out / f"{name}.log"),
+            "ray_ready_s": ray_ready(log),
+            "end_game_configs": end_game_configs(log),
             # After the job was recorded done: its best printed and exported, Ray stopped, the process gone.
             "exit_after_job_s": wall - (claimed - started) - use.wall_seconds,
             "best_us": float(trials["latency"].min() * 1e6), "statuses": trials["status"].value_counts().to_dict()}
@@ -88,16 +89,16 @@ _FIRST_SESSION = re.compile(r"^(\S+ \S+) farm\.runner session 1 on \S+ open")
 _STAND_IN = re.compile(r"farm\.scheduler task \S+ \S+ idle at the budget's end, measuring (\d+) new configs")
 
 
-def ray_ready(log: Path) -> float | None:
+def ray_ready(log: str) -> float | None:
     """Seconds Ray took to start (or join), from the job's `farm tune -v` log; None without the line."""
-    match = _RAY_READY.search(log.read_text(errors="replace"))
+    match = _RAY_READY.search(log)
     return float(match[1]) if match else None
 
 
-def end_game_configs(log: Path) -> int:
+def end_game_configs(log: str) -> int:
     """Configs the end game's stand-ins measured beyond the budget (scheduler.tuner), from the
     job's `farm tune -v` log: what a device measured rather than wait at a task's end."""
-    return sum(int(match[1]) for match in _STAND_IN.finditer(log.read_text(errors="replace")))
+    return sum(int(match[1]) for match in _STAND_IN.finditer(log))
 
 
 def first_sessions(log_dir: Path, started: float) -> dict[str, float]:
