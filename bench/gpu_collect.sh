@@ -2,7 +2,7 @@
 # Waits for a background bench/gpu_session.sh (started with setsid on the GPU machine) and
 # brings back what it has so far, so one long session can span several device calls:
 #   bash bench/gpu_collect.sh SESSION_DIR DEST [WAIT_SECONDS]
-# (or bench/gpu_parallel.sh's, whose runs' logs are in SESSION_DIR/gpu0 and gpu1).
+# (or bench/gpu_parallel.sh's, whose runs' logs are in SESSION_DIR/gpu0, gpu1, ...).
 # Waits until SESSION_DIR/DONE exists or WAIT_SECONDS (default 540) pass, prints the session
 # log's new lines, and packs SESSION_DIR (logs and databases up to 8 MB included: a job's trials,
 # their errors and timelines are in its database) into DEST/results.tgz. Exit 0 when the session

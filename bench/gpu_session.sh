@@ -133,11 +133,17 @@ for s in $STEPS; do
     ncu) name=$(case_name "${NCU_CASE:?}")
          only=(); [ -n "${NCU_KERNEL:-}" ] && only=(--kernel-name "regex:$NCU_KERNEL")
          # --clock-control none: the clocks as the timed runs see them (the device tool's METHOD.md).
-         step "ncu-$name" 600 ncu --clock-control none "${only[@]}" --launch-count "${NCU_LAUNCHES:-6}" --section SpeedOfLight \
+         # The report is kept (OUTDIR/ncu-CASE.ncu-rep): its details are printed into the step's log,
+         # and its SASS with each instruction's samples and counts (the source page, which the
+         # SourceCounters section's summary leaves out) into OUTDIR/ncu-CASE-sass.csv.
+         step "ncu-run-$name" 600 ncu --clock-control none "${only[@]}" --launch-count "${NCU_LAUNCHES:-6}" --section SpeedOfLight \
            --section Occupancy --section LaunchStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
-           --section WarpStateStats --section SchedulerStats --section SourceCounters python3 bench/kernels_vs_vendor.py --case="$NCU_CASE" \
+           --section WarpStateStats --section SchedulerStats --section SourceCounters -f -o "$OUT/ncu-$name" \
+           python3 bench/kernels_vs_vendor.py --case="$NCU_CASE" \
            --seeds 1 --target "${NCU_TARGET:-${KERNEL_TARGET:-cuda}}" --retime --allow-stale --out "${KERNELS_DIR:?}" \
-           "${configs[@]}" ;;
+           "${configs[@]}"
+         step "ncu-$name" 120 ncu -i "$OUT/ncu-$name.ncu-rep" --page details
+         ncu -i "$OUT/ncu-$name.ncu-rep" --page source --print-source sass --csv > "$OUT/ncu-$name-sass.csv" 2>&1 ;;
     *) echo "unknown step $s" >&2 ;;
   esac
 done
