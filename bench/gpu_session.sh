@@ -56,6 +56,11 @@ export PYTHONPATH=${PYTHONPATH:-}:$PWD PYTHONUNBUFFERED=1
 nvidia-smi -L | tee "$OUT/gpu.txt"
 nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | sed "s/^/driver: /" \
   | tee -a "$OUT/gpu.txt"
+# The host's CPUs and the ones this session may use: whether a share of them is physical cores or
+# hyperthreads decides how fast builds go beside other runs (bench/gpu_parallel.sh).
+lscpu 2>/dev/null | grep -E "^(Model name|CPU\(s\)|Thread\(s\) per core|Core\(s\) per socket|Socket\(s\))" \
+  | tee -a "$OUT/gpu.txt"
+echo "this session's cores: $(taskset -pc $$ 2>/dev/null | cut -d: -f2)" | tee -a "$OUT/gpu.txt"
 # The device bundles are staged without bytecode (../shared/device/make-bundles.sh: no
 # __pycache__, pip --no-compile). Compile it once, as `pip install` does on a real install, so that
 # no measured process compiles TVM's or Ray's sources on import (startup_parts: TVM's import and

@@ -13,7 +13,7 @@ from its start to its exit (imports, servers and Ray included: what a user waits
   with its XGBoost model, LocalBuilder, LocalRunner with its default evaluator), max_trials_global
   = N, num_trials_per_iter = 64 (its default); its LocalBuilder has one process per core this
   process may use, as the farm's build slots (farm.core.host.usable_cores), where its default
-  counts the machine's.
+  counts the machine's, and the farm's build timeout (60 s), where its default is 30 s.
 
 Then both best kernels are rebuilt in this process (the farm's from its export with farm.build,
 MetaSchedule's from its database with compile_tir), checked against the NumPy reference, and
@@ -39,6 +39,7 @@ from farm.core.host import usable_cores
 from farm.core.targets import parse_target
 from farm.core.workloads import Workload, make_workload
 from farm.report import Curve, best_so_far, plot_curves
+from workers.worker import BUILD_TIMEOUT_S
 
 # Final timing of the two best kernels: TVM time_evaluator, `repeat` means of >= MIN_MS each.
 FINAL_NUMBER, FINAL_REPEAT, FINAL_MIN_MS = 20, 10, 100
@@ -57,8 +58,12 @@ def run_metaschedule(workload: Workload, target: str, trials: int, work_dir: Pat
     mod = tvm.IRModule({"main": te.create_prim_func(workload.build_te())})
     # Its default builder starts one process per core of the machine (psutil), whatever this
     # process may use; sized like the farm's build slots instead, by the cores it may run on (the
-    # same number on a machine of its own).
-    builder = ms.builder.LocalBuilder(max_workers=usable_cores())
+    # same number on a machine of its own). Its builds get the farm's build timeout, not its
+    # default 30 s: its 64 builds of a round took about 45 s on 16 processes of an idle 16-core
+    # host, about 10 s each (e2e-throughput-2026-11-26c); with four runs on one 64-core host, each pinned
+    # to 16 cores, 405 of its 512 builds outlasted 30 s (kernels-2026-11-26h), so its search
+    # measured a fifth of its trials.
+    builder = ms.builder.LocalBuilder(max_workers=usable_cores(), timeout_sec=BUILD_TIMEOUT_S)
     start = time.perf_counter()
     ms.tune_tir(mod, parse_target(target).tvm(), str(work_dir), max_trials_global=trials, seed=seed, builder=builder)
     (work_dir / "tune.json").write_text(json.dumps({"tune_seconds": time.perf_counter() - start}))

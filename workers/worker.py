@@ -21,6 +21,9 @@ from farm.core.task import Task
 from workers.builder import Builder, ProcessPoolBuilder
 from workers.runner import EvaluatorConfig, RPCRunner, Runner
 
+# A candidate's build (schedule, compile, nvcc) taking longer than this is recorded as a timeout.
+BUILD_TIMEOUT_S = 60.0
+
 
 @dataclass(frozen=True)
 class WorkerConfig:
@@ -31,7 +34,7 @@ class WorkerConfig:
     key: str
     kind: str
     build_workers: int | None = None
-    build_timeout: float = 60.0
+    build_timeout: float = BUILD_TIMEOUT_S
     run_timeout: float = 10.0
     # A session opens in ~4.7 s on a GPU server (a spawned process): a long one amortises that
     # to ~1% of the measuring time. A hang still ends at once on a server the worker owns (on_hang).
