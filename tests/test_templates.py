@@ -878,6 +878,9 @@ def test_cuda_wgmma_kernel_builds_as_the_farm_builds_it(tmp_path: Path, warpgrou
     source = lib.mod.imports[0].inspect_source("")
     assert f"wgmma.mma_async.sync.aligned.m64n{block_n}k16.f32.f16.f16" in source
     assert "cp.async.bulk.tensor.2d" in source
+    # The descriptors are encoded once per thread (A's of each slice, B's), not per wgmma: the main
+    # loop offsets them (ncu: encoded per wgmma, twice cuBLAS's instructions, kernels-2026-11-26h).
+    assert source.count("ptx_wgmma_encode_matrix_descriptor((&") == slices + 1
     # A persistent block loops over its tiles of C (the loop TVM keeps as the script's `t`).
     assert ("for (int t = 0; t < " in source) == (tiles_per_block > 1)
     # A cluster: B arrives by multicast, the consumers arrive on the other CTA's barriers too, and the

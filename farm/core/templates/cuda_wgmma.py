@@ -12,7 +12,7 @@ clusters of two CTAs or one, as knobs), without their stream-K scheduling or pin
 - a block computes a (64 x warpgroups x slices) x `block_n` tile of C. Each of its `warpgroups`
   warpgroups (128 threads) owns `slices` m64 row slices and issues, per 16-deep step of the
   reduction, one ``wgmma.mma_async.m64n{block_n}k16`` per slice, both operands read from shared
-  memory through descriptors, the accumulators (block_n / 2 floats per thread and slice) in
+  memory through descriptors (encoded once, then offset), the accumulators (block_n / 2 floats per thread and slice) in
   registers;
 - the reduction goes in tiles of K = 64 halves (one 128-byte row of A), `stages` tiles deep:
   one thread loads each tile with TMA (``cp.async.bulk.tensor``; one box of A, one per 64-column
@@ -104,6 +104,7 @@ CLUSTER = (1, 2)  # CTAs per thread-block cluster (along M: they share B)
 SWIZZLE_128B = 3
 L2_PROMOTION_128B = 2  # CU_TENSOR_MAP_L2_PROMOTION_L2_128B
 BARRIER_BYTES = 8  # an mbarrier
+DESCRIPTOR_UNIT = 8  # halves per 16 bytes, the unit of a matrix descriptor's start address
 
 
 class CudaWgmma(Template, name="cuda.wgmma", kind="cuda", workloads=("matmul", "conv2d_nchw")):
@@ -288,6 +289,15 @@ def _kernel(wl: Workload, config: Config) -> Any:
         return (r, col, p, red // (kh * kw), p % pixels // out_w * stride + red % (kh * kw) // kw * dilation - pad,
                 p % out_w * stride + red % kw * dilation - pad)
 
+    def moved(descriptor: Any, halves: Any) -> Any:
+        """`descriptor` with its start address moved by `halves` (a multiple of 8): its low word plus
+        the 16-byte units, in 32 bits (the address stays in its 14-bit field; the high word, the
+        layout and stride, is the same), so the compiler adds one 32-bit integer and keeps the
+        high word, not a 64-bit sum with its carry."""
+        high = T.shift_left(T.shift_right(descriptor, T.uint64(32)), T.uint64(32))
+        return T.bitwise_or(high, T.Cast("uint64", T.Cast("uint32", descriptor)
+                                         + T.Cast("uint32", halves // DESCRIPTOR_UNIT)))
+
     # fmt: off
     @T.macro
     def load_a(smem, bars, a_map, u, k, stage, rank):
@@ -371,7 +381,20 @@ def _kernel(wl: Workload, config: Config) -> Any:
     @T.macro
     def consume(smem, bars, remote, a_map, b_src, acc, desc, C, c, rank, tx, warpgroup):
         # (every consumer thread) per tile of C, the reduction, tile by tile as the full barriers
-        # complete, then the write-out
+        # complete, then the write-out.
+        # The descriptors are encoded once, for stage 0's first step (A's of each of this warpgroup's
+        # slices, then B's), and offset for each stage and step: a descriptor's start address is
+        # its low 14 bits, the shared address / 16, and every tile lies below 256 KB, so adding the
+        # offset / 16 moves the descriptor as encoding the moved address would. Encoded anew for
+        # every wgmma, the bit fields took about 10 instructions each in the main loop, where
+        # cuBLAS's kernel issues one or two (ncu: twice cuBLAS's instructions per wgmma,
+        # kernels-2026-11-26h).
+        for s in T.unroll(slices):
+            T.cuda.wgmma.encode_matrix_descriptor(
+                T.address_of(desc[2 + s]), T.address_of(smem[(warpgroup * slices + s) * SLICE * TILE_K]),
+                a_lead, a_stride, SWIZZLE_128B)
+        T.cuda.wgmma.encode_matrix_descriptor(
+            T.address_of(desc[2 + slices]), T.address_of(smem[b_base]), b_lead, b_stride, SWIZZLE_128B)
         for t in T.serial(per_block):
             u = T.meta_var(t * grid + c)
             if u < total:
@@ -385,15 +408,9 @@ def _kernel(wl: Workload, config: Config) -> Any:
                     T.cuda.mbarrier_wait(T.address_of(bars[stage]), it // stages % 2)
                     T.ptx.wgmma.fence.sync.aligned()
                     for step in T.unroll(TILE_K // STEP_K):
-                        T.cuda.wgmma.encode_matrix_descriptor(
-                            T.address_of(desc[1]), T.address_of(smem[b_base + stage * b_tile + step * STEP_K * ATOM_N]),
-                            b_lead, b_stride, SWIZZLE_128B)
+                        desc[1] = moved(desc[2 + slices], stage * b_tile + step * STEP_K * ATOM_N)
                         for s in T.unroll(slices):
-                            T.cuda.wgmma.encode_matrix_descriptor(
-                                T.address_of(desc[0]),
-                                T.address_of(smem[stage * a_tile + (warpgroup * slices + s) * SLICE * TILE_K
-                                                  + step * STEP_K]),
-                                a_lead, a_stride, SWIZZLE_128B)
+                            desc[0] = moved(desc[2 + s], stage * a_tile + step * STEP_K)
                             # D += A * B; scale A and B by 1; A K-major (0), B N-major, transposed (1).
                             T.ptx[wgmma](*[acc[s * acc_n + r] for r in range(acc_n)], desc[0], desc[1],
                                          T.bool(True), 1, 1, 0, 1)
@@ -465,7 +482,9 @@ def _kernel(wl: Workload, config: Config) -> Any:
         # consumer warp of the cluster is done with the stage).
         bars = T.alloc_buffer((2 * stages,), "uint64", scope="shared", align=8)
         acc = T.alloc_buffer((slices * acc_n,), "float32", scope="local")
-        desc = T.alloc_buffer((2,), "uint64", scope="local")  # A's and B's matrix descriptors
+        # A's and B's matrix descriptors for the next wgmma, then those of stage 0's first step
+        # (A's per slice, then B's) that they are offset from
+        desc = T.alloc_buffer((3 + slices,), "uint64", scope="local")
         remote = T.alloc_buffer((1,), "uint32", scope="local")  # an empty barrier in a CTA of the cluster
 
         if tx == 0:
