@@ -850,25 +850,29 @@ def test_cuda_tensorcore_refuses_what_could_not_run() -> None:
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (CUDA's compiler) on this machine")
-@pytest.mark.parametrize(("warpgroups", "slices", "block_n", "producer", "tiles_per_block", "cluster"),
-                         [(1, 1, 64, 0, 1, 1), (2, 1, 256, 0, 1, 1), (1, 2, 128, 1, 2, 1), (2, 1, 256, 1, 4, 1),
-                          (2, 2, 64, 1, 8, 1), (2, 1, 256, 1, 1, 1), (2, 1, 256, 1, 4, 2), (1, 2, 128, 1, 1, 2)])
+@pytest.mark.parametrize(("warpgroups", "slices", "block_n", "producer", "tiles_per_block", "cluster", "store"),
+                         [(1, 1, 64, 0, 1, 1, 0), (2, 1, 256, 0, 1, 1, 1), (1, 2, 128, 1, 2, 1, 0),
+                          (2, 1, 256, 1, 4, 1, 0), (2, 2, 64, 1, 8, 1, 1), (2, 1, 256, 1, 1, 1, 0),
+                          (2, 1, 256, 1, 4, 2, 0), (1, 2, 128, 1, 1, 2, 1), (2, 2, 128, 1, 4, 1, 1)])
 def test_cuda_wgmma_kernel_builds_as_the_farm_builds_it(tmp_path: Path, warpgroups: int, slices: int, block_n: int,
-                                                         producer: int, tiles_per_block: int, cluster: int) -> None:
+                                                         producer: int, tiles_per_block: int, cluster: int,
+                                                         store: int) -> None:
     """A 4096^3 float16 matmul on Hopper's wgmma, built as every candidate is (workers.builder:
     TVM's tirx pipeline, then nvcc -arch=sm_90a): it compiles, its accumulators stay in registers
     (no spills, no local memory: every index into them is a constant), ptxas keeps the wgmmas
     asynchronous (it serialises them where it cannot), and the kernel issues
     ``wgmma.mma_async`` of the config's N on tiles that TMA loads, with the block's threads (one more
     warpgroup with a producer), with tiles_per_block > 1 a loop over the block's tiles of C, and with
-    clusters a cluster launch whose CTAs multicast B and release stages in both CTAs."""
+    clusters a cluster launch whose CTAs multicast B and release stages in both CTAs; with store 1,
+    C written in 16-byte stores after the quads' shuffles, 4-byte ones without."""
     from workers import builder
 
     wl = make_workload("matmul", dict(M=4096, N=4096, K=4096, dtype="float16"))
     task = Task(wl, HOPPER)
     assert task.template.name == "cuda.wgmma"
     config = task.space.from_json(dict(warpgroups=warpgroups, slices=slices, block_n=block_n, stages=3, raster=8,
-                                       producer=producer, tiles_per_block=tiles_per_block, cluster=cluster))
+                                       producer=producer, tiles_per_block=tiles_per_block, cluster=cluster,
+                                       store=store))
     assert task.check(config) is None and tir_pipeline(task.schedule(config).mod) == "tirx"
     result = builder.build_one(json.dumps(task.to_json()), config.index, str(tmp_path))
     assert result.ok, result.error
@@ -878,6 +882,7 @@ def test_cuda_wgmma_kernel_builds_as_the_farm_builds_it(tmp_path: Path, warpgrou
     source = lib.mod.imports[0].inspect_source("")
     assert f"wgmma.mma_async.sync.aligned.m64n{block_n}k16.f32.f16.f16" in source
     assert "cp.async.bulk.tensor.2d" in source
+    assert ("__shfl_xor_sync" in source) == ("*(uint4*)(C2_ptr" in source) == (store == 1)
     # The descriptors are encoded once per thread (A's of each slice, B's), not per wgmma: the main
     # loop offsets them (ncu: encoded per wgmma, twice cuBLAS's instructions, kernels-2026-11-26h).
     assert source.count("ptx_wgmma_encode_matrix_descriptor((&") == slices + 1

@@ -40,7 +40,9 @@ clusters of two CTAs or one, as knobs), without their stream-K scheduling or pin
   clusters). A stage is refilled once the consumers of both CTAs are done with it: each
   consumer warp arrives on both CTAs' empty barriers (remote arrives through `mapa`);
 - the tile order is grouped by `raster` block rows (neighbouring tiles share A and B tiles in
-  L2), and the accumulators go straight from registers to C as half2 stores.
+  L2), and the accumulators go from registers to C, as `store` says: 0, as half2 stores (4 bytes,
+  half a sector of each of a warp's 8 rows); 1 (a matmul's), as 16-byte stores, each quad of lanes
+  first transposing its half2s with shuffles so that a lane holds 8 adjacent columns.
 
 A conv2d (NCHW, groups 1) is the matrix product C[f, p] = W[f, k] X[k, p] of `cuda.tensorcore`'s
 module doc: A is the kernel as it lies in memory (CO x K, K = CI*KH*KW, loaded by TMA as a
@@ -100,10 +102,12 @@ STAGES = (2, 3, 4, 5, 6)
 RASTER = (1, 4, 8, 16)
 TILES_PER_BLOCK = (1, 2, 4, 8)  # 4096^3 at 128x256: 512 tiles, 128 blocks of 4 fill 132 SMs once
 CLUSTER = (1, 2)  # CTAs per thread-block cluster (along M: they share B)
+STORES = (0, 1)  # a matmul's write-out: half2 stores, or 16-byte stores of quad-transposed half2s
 # 128-byte swizzle, in the encodings of CUtensorMapSwizzle and of TVM's descriptor helper.
 SWIZZLE_128B = 3
 L2_PROMOTION_128B = 2  # CU_TENSOR_MAP_L2_PROMOTION_L2_128B
 BARRIER_BYTES = 8  # an mbarrier
+FULL_WARP = 0xFFFFFFFF  # a shuffle's mask of lanes: all 32
 DESCRIPTOR_UNIT = 8  # halves per 16 bytes, the unit of a matrix descriptor's start address
 
 
@@ -129,6 +133,9 @@ class CudaWgmma(Template, name="cuda.wgmma", kind="cuda", workloads=("matmul", "
             ChoiceKnob("tiles_per_block", list(TILES_PER_BLOCK), default=1),
             # 2: CTA pairs that share their B tiles through TMA multicast. Added later, like the above.
             ChoiceKnob("cluster", list(CLUSTER), default=1),
+            # How a matmul's C is written (`_kernel`): 0, 4-byte stores straight from the accumulators;
+            # 1, 16-byte stores after a transpose within each quad of lanes. Added later, like the above.
+            ChoiceKnob("store", [0] if _gathered(wl) else list(STORES), default=0),
         ])
 
     def check(self, wl: Workload, target: TargetSpec, config: Config) -> str | None:
@@ -220,7 +227,7 @@ def _kernel(wl: Workload, config: Config) -> Any:
     acc_n = bn // 2  # accumulators per thread and slice
     atoms = bn // ATOM_N
     k_tiles = K // TILE_K
-    cluster, per_block = config["cluster"], config["tiles_per_block"]
+    cluster, per_block, store = config["cluster"], config["tiles_per_block"], config["store"]
     blocks_m, blocks_n = M // bm, -(-N // bn)  # a convolution's last column of tiles may be partial
     # The unit of work is a cluster's tile: `cluster` tiles of C one above the other, which share
     # their B tiles. Each CTA of the cluster computes one of them (its `rank`-th).
@@ -288,6 +295,19 @@ def _kernel(wl: Workload, config: Config) -> Any:
         red, p = k * TILE_K + r, tile_col(u) * bn + col
         return (r, col, p, red // (kh * kw), p % pixels // out_w * stride + red % (kh * kw) // kw * dilation - pad,
                 p % out_w * stride + red % kw * dilation - pad)
+
+    def out_row(block_m: Any, s: Any, half: Any, tx: Any, warpgroup: Any) -> Any:
+        """The row of C of a consumer thread's accumulators of slice s, half 0 or 1: in the m64nNk16
+        accumulator layout, warp w of a warpgroup holds rows 16w + lane / 4 (+ 8), columns
+        8j + 2 (lane % 4) (+ 1), as registers 4j + (0, 1) and (2, 3)."""
+        return (block_m * bm + (warpgroup * slices + s) * SLICE + tx % WARPGROUP // 32 * 16 + tx % 32 // 4
+                + half * 8)
+
+    def half2(low: Any, high: Any) -> Any:
+        """Two floats as the halves of a 32-bit word, `low` in its low bits (as half2 stores them)."""
+        def bits(x: Any) -> Any:
+            return T.Cast("uint32", T.reinterpret("uint16", T.Cast("float16", x)))
+        return T.bitwise_or(bits(low), T.shift_left(bits(high), T.uint32(16)))
 
     def moved(descriptor: Any, halves: Any) -> Any:
         """`descriptor` with its start address moved by `halves` (a multiple of 8): its low word plus
@@ -379,7 +399,24 @@ def _kernel(wl: Workload, config: Config) -> Any:
                     load(smem, bars, a_map, b_src, u, k, it % stages, rank, tx)
 
     @T.macro
-    def consume(smem, bars, remote, a_map, b_src, acc, desc, C, c, rank, tx, warpgroup):
+    def quad_transpose(words, exchanged, tx):
+        # (every lane of a warp) the 4 x 4 words of each quad of lanes (4q .. 4q + 3), lane r's
+        # word c to lane c's word r, in two exchanges: with the lane whose index differs in bit 0,
+        # the words whose index differs from it in bit 0 (2 x 2 blocks transposed), then the same
+        # for bit 1 (the blocks swapped)
+        for bit in T.unroll(2):
+            for i in T.unroll(2):
+                mask = T.meta_var(1 << bit)
+                low = T.meta_var(i * (2 - bit))  # the pairs (0, 1), (2, 3), then (0, 2), (1, 3)
+                high = T.meta_var(low + mask)
+                mine = T.meta_var(tx & mask != 0)
+                exchanged[0] = T.cuda.__shfl_xor_sync(
+                    T.uint32(FULL_WARP), T.if_then_else(mine, words[low], words[high]), mask, 32)
+                words[low] = T.if_then_else(mine, exchanged[0], words[low])
+                words[high] = T.if_then_else(mine, words[high], exchanged[0])
+
+    @T.macro
+    def consume(smem, bars, remote, a_map, b_src, acc, desc, words, exchanged, C, C2, c, rank, tx, warpgroup):
         # (every consumer thread) per tile of C, the reduction, tile by tile as the full barriers
         # complete, then the write-out.
         # The descriptors are encoded once, for stage 0's first step (A's of each of this warpgroup's
@@ -426,23 +463,36 @@ def _kernel(wl: Workload, config: Config) -> Any:
                 T.ptx.wgmma.wait_group.sync.aligned(0)
                 if producer >= 1:  # the last reduction tile's stage, free for the next tile of C
                     release(bars, remote, (t * k_tiles + k_tiles - 1) % stages, tx, rank)
-                # The m64nNk16 accumulator layout: warp w of a warpgroup holds rows 16w + lane / 4
-                # (+ 8), columns 8j + 2 (lane % 4) (+ 1), as registers 4j + (0, 1) and (2, 3).
                 for s in T.unroll(slices):
-                    for j in T.unroll(bn // 8):
+                    if store == 1:
+                        # Each group of 4 j: the quad's lanes hold 4 x 4 half2s (lane q has
+                        # columns 8j + 2q, + 1 of each j); transposed, lane q has all 8 columns
+                        # of j = 4 group + q, 16 contiguous bytes it stores at once. 4-byte stores
+                        # covered half a 32-byte sector per row, and a tile's 64 per thread
+                        # stalled the load/store queue (ncu, kernels-2026-11-26h).
                         for half in T.unroll(2):
-                            row = T.meta_var(block_m * bm + (warpgroup * slices + s) * SLICE
-                                             + tx % WARPGROUP // 32 * 16 + tx % 32 // 4 + half * 8)
-                            if gathered:  # column p is pixel p % pixels of image p // pixels, if any
-                                for c2 in T.unroll(2):
-                                    p = T.meta_var(block_n * bn + j * 8 + tx % 4 * 2 + c2)
-                                    if p < N:
-                                        C[p // pixels, row, p % pixels // out_w, p % out_w] = T.Cast(
+                            for group in T.unroll(bn // 32):
+                                for q in T.unroll(4):
+                                    words[q] = half2(acc[s * acc_n + (group * 4 + q) * 4 + half * 2],
+                                                     acc[s * acc_n + (group * 4 + q) * 4 + half * 2 + 1])
+                                quad_transpose(words, exchanged, tx)
+                                for w in T.vectorized(4):
+                                    C2[out_row(block_m, s, half, tx, warpgroup),
+                                       (block_n * bn + (group * 4 + tx % 4) * 8) // 2 + w] = words[w]
+                    else:
+                        for j in T.unroll(bn // 8):
+                            for half in T.unroll(2):
+                                row = T.meta_var(out_row(block_m, s, half, tx, warpgroup))
+                                if gathered:  # column p is pixel p % pixels of image p // pixels, if any
+                                    for c2 in T.unroll(2):
+                                        p = T.meta_var(block_n * bn + j * 8 + tx % 4 * 2 + c2)
+                                        if p < N:
+                                            C[p // pixels, row, p % pixels // out_w, p % out_w] = T.Cast(
+                                                "float16", acc[s * acc_n + j * 4 + half * 2 + c2])
+                                else:
+                                    for c2 in T.vectorized(2):
+                                        C[row, block_n * bn + j * 8 + tx % 4 * 2 + c2] = T.Cast(
                                             "float16", acc[s * acc_n + j * 4 + half * 2 + c2])
-                            else:
-                                for c2 in T.vectorized(2):
-                                    C[row, block_n * bn + j * 8 + tx % 4 * 2 + c2] = T.Cast(
-                                        "float16", acc[s * acc_n + j * 4 + half * 2 + c2])
 
     @T.prim_func
     def main(x_handle: T.handle, y_handle: T.handle, c_handle: T.handle) -> None:
@@ -458,6 +508,10 @@ def _kernel(wl: Workload, config: Config) -> Any:
             A = T.match_buffer(x_handle, (M, K), "float16", align=16)
             B = T.match_buffer(y_handle, (K, N), "float16", align=16)
             C = T.match_buffer(c_handle, (M, N), "float16", align=16)
+        if store == 1:  # C as pairs of halves, for the 16-byte stores of quad-transposed half2s
+            C2 = T.decl_buffer((M, N // 2), "uint32", data=C.data, align=16)
+        else:  # (a view of its own typed C's pointer uint* for every store; unused here)
+            C2 = T.meta_var(C)
         # Tensor maps: (dims innermost first, row stride in bytes, box, element strides,
         # interleave, swizzle, L2 promotion, out-of-bounds fill).
         a_map: T.let[T.handle("tensormap")] = T.tvm_stack_alloca("tensormap", 1)
@@ -486,6 +540,8 @@ def _kernel(wl: Workload, config: Config) -> Any:
         # (A's per slice, then B's) that they are offset from
         desc = T.alloc_buffer((3 + slices,), "uint64", scope="local")
         remote = T.alloc_buffer((1,), "uint32", scope="local")  # an empty barrier in a CTA of the cluster
+        words = T.alloc_buffer((4,), "uint32", scope="local")  # a quad's half2s, as they are transposed
+        exchanged = T.alloc_buffer((1,), "uint32", scope="local")  # the word a shuffle brought
 
         if tx == 0:
             for s in T.unroll(stages):
@@ -504,13 +560,14 @@ def _kernel(wl: Workload, config: Config) -> Any:
                 if loads(tx):
                     produce(smem, bars, a_map, b_src, pid // cluster, rank, tx)
             else:
-                consume(smem, bars, remote, a_map, b_src, acc, desc, C, pid // cluster, rank, tx,
+                consume(smem, bars, remote, a_map, b_src, acc, desc, words, exchanged, C, C2, pid // cluster, rank, tx,
                         tx // WARPGROUP - producer)
         else:
             if tx == 0:  # one tile of C per block, no cluster (check): its first `stages` reduction tiles
                 for s in T.unroll(stages):
                     load(smem, bars, a_map, b_src, pid, s, s, rank, tx)
-            consume(smem, bars, remote, a_map, b_src, acc, desc, C, pid, rank, tx, tx // WARPGROUP)
+            consume(smem, bars, remote, a_map, b_src, acc, desc, words, exchanged, C, C2, pid, rank, tx,
+                    tx // WARPGROUP)
         if cluster > 1:  # no CTA leaves while the others may still multicast into it or arrive on it
             T.cuda.cluster_sync()
     # fmt: on
