@@ -21,6 +21,16 @@ Work flows as a stream of small chunks rather than batches that wait for one ano
   and fails after `stall_seconds`. A worker that fails with a FarmError cannot measure at
   all (its device never registered): the job fails with that error.
 
+A model-guided search (farm.core.search, `guided`) proposes at random until the task has a
+model. Where its family has none yet, the loop hands out one round of such configs, then waits
+for that round's retraining before it proposes more (and one more round if the retraining had
+too little to learn from), so that the configs after the first round are the model's. Without
+the wait, the devices' queues were refilled with random configs while the first model trained,
+and a 171-trial run's first guided trial came after its 34th to 54th (H200,
+docs/benchmarks/kernels-2026-11-26h.md): the devices now wait once per task for the first
+guided builds instead. XGBoost is imported, and the task's features prepared, ahead of that
+first retraining (farm.core.costmodel.warm_up).
+
 The loop stops at each task's budget exactly, when the space is exhausted, or when the job is
 cancelled (the chunks in flight then finish and are kept). A job's budget is spread over its
 tasks when the job is created (farm.core.jobspec.JobRequest).
@@ -49,8 +59,10 @@ from typing import Any
 from db.store import ResultStore
 from db.writer import ResultWriter
 from farm.core import metrics
+from farm.core.costmodel import warm_up
 from farm.core.errors import FarmError, one_line
 from farm.core.measure import MeasureResult, Status
+from farm.core.search import search_class
 from farm.core.task import Task
 from scheduler.pool import QUEUE_DEPTH, WorkerPool
 from scheduler.retrain import Retrained, retrain, starting_model
@@ -126,7 +138,7 @@ def run_job(
                          time.monotonic() - start)
                 try:
                     loop = _TaskLoop(store, writer, job_id, row, task, pool, searches, batch_size, report,
-                                     len(measured), should_stop)
+                                     len(measured), should_stop, guided=search_class(search).guided)
                     status = loop.run(stall_seconds)
                 finally:
                     searches.close()
@@ -157,7 +169,9 @@ class _TaskLoop:
     def __init__(self, store: ResultStore, writer: ResultWriter, job_id: int, row: dict[str, Any], task: Task,
                  pool: WorkerPool, searches: ShardSearches, batch_size: int,
                  report: Callable[[int, float | None, list[MeasureResult]], None], done: int,
-                 should_stop: Callable[[], bool]) -> None:
+                 should_stop: Callable[[], bool], guided: bool = False) -> None:
+        """`guided`: whether the searches follow the cost model (the first model's wait, module
+        docstring)."""
         self.store, self.writer, self.job_id, self.row, self.task = store, writer, job_id, row, task
         self.should_stop = should_stop
         self.pool, self.searches, self.report = pool, searches, report
@@ -191,6 +205,12 @@ class _TaskLoop:
         self.no_worker_since: float | None = None  # since when no worker could take work
         self.cancelled = self._stopped()
         self._trainer = cf.ThreadPoolExecutor(1, thread_name_prefix="farm-retrain")
+        # Unguided configs still to hand out before the wait for a model (module docstring); None:
+        # no wait (a search that needs no model, or a model there already).
+        self.unguided_left: int | None = None
+        if guided and not self._has_model():
+            self.unguided_left = self.round_size
+            self._trainer.submit(warm_up, task)  # in the retraining's thread, ahead of its first
 
     def run(self, stall_seconds: float) -> str:
         """Run the task to its budget; "done" or "cancelled"."""
@@ -200,7 +220,7 @@ class _TaskLoop:
             while True:
                 self._fill()
                 if self._complete() or (not self.proposals and not self.running):
-                    if not (self._complete() or self.cancelled
+                    if not (self._complete() or self.cancelled or self.unguided_left == 0
                             or (not self.retry and (self.exhausted or self._left() <= 0))):
                         self._wait_for_a_worker(stall_seconds)  # work is left, but no worker can take it
                         continue
@@ -269,11 +289,18 @@ class _TaskLoop:
         while self.retry and (worker := self._roomiest()) is not None:
             chunk = self.retry.pop(0)
             self._submit(worker, chunk.shard, chunk.indices, chunk.attempt + 1)
-        while not self.exhausted and (left := self._left()) > 0 and (worker := self._roomiest()) is not None:
+        while (not self.exhausted and (left := self._left()) > 0 and self.unguided_left != 0
+               and (worker := self._roomiest()) is not None):
             n = min(self.chunk, left, self.capacity - self.in_flight[worker])
             if self.singles[worker]:
                 n = 1
                 self.singles[worker] -= 1
+            if self.unguided_left is not None:
+                n = min(n, self.unguided_left)
+                self.unguided_left -= n
+                if not self.unguided_left:
+                    log.info("task %s: a round of unguided configs handed out; the next wait for the cost model",
+                             self.task_id)
             self._propose(worker, n)
         for worker in self._stand_ins():
             # All the budget lacks, as far as the worker has room: one grace, not one per chunk.
@@ -432,6 +459,12 @@ class _TaskLoop:
         self.current = trained.current
         self.searches.set_model(self.current)
         self.store.add_round(self.task_id, round_, done, best, trained.rank_corr, guided_by)
+        if self.unguided_left is not None:  # the wait for a first model: over, or another round
+            self.unguided_left = None if self._has_model() else self.round_size
+
+    def _has_model(self) -> bool:
+        """Whether the searches have a trained model to follow."""
+        return self.current is not None and self.current.model.trained
 
     def _queue_metrics(self) -> None:
         """Per worker: candidates handed to it (in flight) and those its search is proposing (queued)."""

@@ -571,6 +571,64 @@ def test_the_end_game_waits_for_a_worker_that_has_not_returned_results(pg_url: s
     assert (trials["worker"] == "local-0").sum() >= 1
 
 
+class _RecordedSearches:
+    """A task's searches (scheduler.shards.LocalSearches) that record, in order, each proposal's size
+    ("propose", n) and each model handed to them ("model", whether it is trained)."""
+
+    def __init__(self, searches: Any) -> None:
+        self.searches, self.events = searches, []
+
+    @property
+    def count(self) -> int:
+        return self.searches.count
+
+    def propose(self, requests: Sequence[tuple[int, int]]) -> list[Any]:
+        self.events += [("propose", n) for _, n in requests]
+        return self.searches.propose(requests)
+
+    def observe(self, shard: int, results: list[Any]) -> None:
+        self.searches.observe(shard, results)
+
+    def set_model(self, model: Any) -> None:
+        self.events.append(("model", model is not None and model.model.trained))
+        self.searches.set_model(model)
+
+    def close(self) -> None:
+        self.searches.close()
+
+
+@pytest.mark.parametrize("search", ["xgb", "random"])
+def test_a_model_guided_search_waits_for_its_first_model(pg_url: str, search: str) -> None:
+    """The first model's wait (scheduler.tuner): an xgb job of a family with no model hands out a
+    round of unguided configs (one worker, batch 4: 4), waits for that round's retraining, which
+    has too few trials to learn from (8, farm.core.costmodel), hands out a second round, and then
+    proposes nothing until the model trained on those 8 has reached the searches. A random search
+    needs no model and keeps its worker's queue full meanwhile (8 in flight: 16 configs proposed
+    by the time the second round closes)."""
+    from scheduler.local_pool import LocalWorkerPool
+
+    recorded: list[_RecordedSearches] = []
+
+    class Recording(LocalWorkerPool):
+        def searches(self, search: str, task: Any, seed: int, measured: Any) -> Any:
+            recorded.append(_RecordedSearches(super().searches(search, task, seed, measured)))
+            return recorded[-1]
+
+    store = open_store(pg_url)
+    job_id = store.submit(JobRequest.build(SMALL, "llvm", 24, workers=1, batch_size=4, search=search))
+    with Scheduler(store, pool_factory=lambda kind, count, keys: Recording.on_this_machine(kind, count, keys)) as sched:
+        assert sched.claim_and_run(job_id) == "done"
+    trials = store.trials(job_id=job_id)
+    assert len(trials) == 24 and trials["config_index"].is_unique and (trials["status"] == "ok").all()
+    events = recorded[0].events
+    first_model = events.index(("model", True))
+    before = sum(n for kind, n in events[:first_model] if kind == "propose")
+    if search == "xgb":
+        assert before == 8, events
+    else:
+        assert before >= 16, events
+
+
 def test_a_job_naming_an_rpc_key_no_device_has_fails_with_a_clear_error(pg_url: str) -> None:
     """No server under the job's key: its candidates compile, and after the register timeout the
     job fails saying which key and what to do; the scheduler is free for the next job."""
