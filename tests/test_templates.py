@@ -434,6 +434,20 @@ def test_cuda_wgmma_persistent_blocks_and_clusters_need_a_producer_and_enough_ti
         task.check(task.space.from_json({**pairs, "slices": 2, "tiles_per_block": 1})) or "")
 
 
+def test_cuda_wgmma_store_2_counts_its_staging_tiles_in_shared_memory() -> None:
+    """With `store` 2 each consumer warpgroup stages 64 rows of C in shared memory beside the
+    pipeline's stages: 4 stages of 128 x 256 tiles (192 KB) fit alone, not with 64 KB of staging;
+    3 stages do. A convolution's C (NCHW) has no `store` but 0."""
+    task = Task(make_workload("matmul", dict(M=4096, N=4096, K=4096, dtype="float16")), HOPPER)
+    base = dict(warpgroups=2, slices=1, block_n=256, stages=4, raster=4, producer=1, tiles_per_block=4, cluster=1)
+    assert task.check(task.space.from_json({**base, "store": 1})) is None
+    assert "shared memory" in (task.check(task.space.from_json({**base, "store": 2})) or "")
+    assert task.check(task.space.from_json({**base, "store": 2, "stages": 3})) is None
+    conv = Task(make_workload("conv2d_nchw", dict(N=8, CI=256, H=14, W=14, CO=256, KH=3, KW=3, pad=1,
+                                                  dtype="float16")), HOPPER)
+    assert next(k for k in conv.space.knobs if k.name == "store").values == [0]
+
+
 def test_cuda_wgmma_convolutions_gather_with_a_producer_and_no_cluster() -> None:
     """A convolution's B tiles are gathered by one or two producer warpgroups (never none),
     cluster=1, and one slice per warpgroup (ptxas serialises its wgmmas with two); its pixels need
@@ -853,7 +867,8 @@ def test_cuda_tensorcore_refuses_what_could_not_run() -> None:
 @pytest.mark.parametrize(("warpgroups", "slices", "block_n", "producer", "tiles_per_block", "cluster", "store"),
                          [(1, 1, 64, 0, 1, 1, 0), (2, 1, 256, 0, 1, 1, 1), (1, 2, 128, 1, 2, 1, 0),
                           (2, 1, 256, 1, 4, 1, 0), (2, 2, 64, 1, 8, 1, 1), (2, 1, 256, 1, 1, 1, 0),
-                          (2, 1, 256, 1, 4, 2, 0), (1, 2, 128, 1, 1, 2, 1), (2, 2, 128, 1, 4, 1, 1)])
+                          (2, 1, 256, 1, 4, 2, 0), (1, 2, 128, 1, 1, 2, 1), (2, 2, 128, 1, 4, 1, 1),
+                          (2, 1, 256, 1, 4, 1, 2), (1, 2, 128, 1, 1, 2, 2), (2, 1, 128, 0, 1, 1, 2)])
 def test_cuda_wgmma_kernel_builds_as_the_farm_builds_it(tmp_path: Path, warpgroups: int, slices: int, block_n: int,
                                                          producer: int, tiles_per_block: int, cluster: int,
                                                          store: int) -> None:
@@ -864,7 +879,9 @@ def test_cuda_wgmma_kernel_builds_as_the_farm_builds_it(tmp_path: Path, warpgrou
     ``wgmma.mma_async`` of the config's N on tiles that TMA loads, with the block's threads (one more
     warpgroup with a producer), with tiles_per_block > 1 a loop over the block's tiles of C, and with
     clusters a cluster launch whose CTAs multicast B and release stages in both CTAs; with store 1,
-    C written in 16-byte stores after the quads' shuffles, 4-byte ones without."""
+    C written in 16-byte stores after the quads' shuffles, 4-byte ones without; with store 2, the
+    shuffled words written to shared memory and TMA storing them, one store per 64-column atom,
+    its thread waiting for them before the staging tile is reused and before the block exits."""
     from workers import builder
 
     wl = make_workload("matmul", dict(M=4096, N=4096, K=4096, dtype="float16"))
@@ -882,7 +899,11 @@ def test_cuda_wgmma_kernel_builds_as_the_farm_builds_it(tmp_path: Path, warpgrou
     source = lib.mod.imports[0].inspect_source("")
     assert f"wgmma.mma_async.sync.aligned.m64n{block_n}k16.f32.f16.f16" in source
     assert "cp.async.bulk.tensor.2d" in source
-    assert ("__shfl_xor_sync" in source) == ("*(uint4*)(C2_ptr" in source) == (store == 1)
+    assert ("__shfl_xor_sync" in source) == (store >= 1)
+    assert ("*(uint4*)(C2_ptr" in source) == (store == 1)
+    tma_stores = source.count("cp_async_bulk_tensor_s2g_async_bulk_tensor_2d_global_shared__cta_bulk_group((")
+    assert tma_stores == (block_n // 64 * slices if store == 2 else 0)
+    assert ("*(uint4*)(((uint*)smem_ptr)" in source) == ("cp.async.bulk.wait_group.read 0;" in source) == (store == 2)
     # The descriptors are encoded once per thread (A's of each slice, B's), not per wgmma: the main
     # loop offsets them (ncu: encoded per wgmma, twice cuBLAS's instructions, kernels-2026-11-26h).
     assert source.count("ptx_wgmma_encode_matrix_descriptor((&") == slices + 1

@@ -42,7 +42,12 @@ clusters of two CTAs or one, as knobs), without their stream-K scheduling or pin
 - the tile order is grouped by `raster` block rows (neighbouring tiles share A and B tiles in
   L2), and the accumulators go from registers to C, as `store` says: 0, as half2 stores (4 bytes,
   half a sector of each of a warp's 8 rows); 1 (a matmul's), as 16-byte stores, each quad of lanes
-  first transposing its half2s with shuffles so that a lane holds 8 adjacent columns.
+  first transposing its half2s with shuffles so that a lane holds 8 adjacent columns; 2 (a
+  matmul's), those 16 bytes into a staging tile in shared memory (a warpgroup's 64 rows, in
+  128-byte swizzled 64-column atoms as TMA's boxes lie), then TMA stores of the atoms by one
+  thread of the warpgroup, as cuBLAS's Hopper kernels write C: the stores run while the
+  consumers go on to the next tile's wgmmas, and their thread waits for them to have read the
+  staging tile only before it is written again.
 
 A conv2d (NCHW, groups 1) is the matrix product C[f, p] = W[f, k] X[k, p] of `cuda.tensorcore`'s
 module doc: A is the kernel as it lies in memory (CO x K, K = CI*KH*KW, loaded by TMA as a
@@ -102,7 +107,9 @@ STAGES = (2, 3, 4, 5, 6)
 RASTER = (1, 4, 8, 16)
 TILES_PER_BLOCK = (1, 2, 4, 8)  # 4096^3 at 128x256: 512 tiles, 128 blocks of 4 fill 132 SMs once
 CLUSTER = (1, 2)  # CTAs per thread-block cluster (along M: they share B)
-STORES = (0, 1)  # a matmul's write-out: half2 stores, or 16-byte stores of quad-transposed half2s
+# A matmul's write-out: half2 stores; 16-byte stores of quad-transposed half2s; or those into shared
+# memory and TMA stores from there.
+STORES = (0, 1, 2)
 # 128-byte swizzle, in the encodings of CUtensorMapSwizzle and of TVM's descriptor helper.
 SWIZZLE_128B = 3
 L2_PROMOTION_128B = 2  # CU_TENSOR_MAP_L2_PROMOTION_L2_128B
@@ -134,7 +141,8 @@ class CudaWgmma(Template, name="cuda.wgmma", kind="cuda", workloads=("matmul", "
             # 2: CTA pairs that share their B tiles through TMA multicast. Added later, like the above.
             ChoiceKnob("cluster", list(CLUSTER), default=1),
             # How a matmul's C is written (`_kernel`): 0, 4-byte stores straight from the accumulators;
-            # 1, 16-byte stores after a transpose within each quad of lanes. Added later, like the above.
+            # 1, 16-byte stores after a transpose within each quad of lanes; 2, those into shared
+            # memory, then TMA stores. Added later, like the above.
             ChoiceKnob("store", [0] if _gathered(wl) else list(STORES), default=0),
         ])
 
@@ -208,9 +216,16 @@ def _gather_batches(block_n: int, gatherers: int) -> tuple[int, int]:
 
 
 def _tile_bytes(config: Config) -> int:
-    """Shared memory of the staged A and B tiles (one dynamic buffer)."""
+    """Shared memory of the staged A and B tiles and, with `store` 2, of each consumer warpgroup's
+    staging tile of C (one dynamic buffer)."""
     rows, cols = _block_tile(config)
-    return config["stages"] * (rows + cols) * TILE_K * 2
+    return (config["stages"] * (rows + cols) * TILE_K + _staging_halves(config)) * 2
+
+
+def _staging_halves(config: Config) -> int:
+    """Halves of shared memory the consumer warpgroups stage C in before TMA stores it (`store` 2):
+    64 rows of the block's columns each."""
+    return config["warpgroups"] * SLICE * config["block_n"] if config["store"] == 2 else 0
 
 
 def _kernel(wl: Workload, config: Config) -> Any:
@@ -238,6 +253,8 @@ def _kernel(wl: Workload, config: Config) -> Any:
     width = group * blocks_n  # cluster tiles in one group of `group` rows
     a_tile, b_tile = bm * TILE_K, bn * TILE_K  # halves per stage
     b_base = stages * a_tile  # the B tiles follow the A tiles in the one dynamic buffer
+    c_base = stages * (a_tile + b_tile)  # then, with store 2, each consumer warpgroup's staging tile of C
+    smem_halves = c_base + _staging_halves(config)
     b_rows = TILE_K // cluster  # rows of each B atom one CTA loads, for every CTA of its cluster
     everyone = (1 << cluster) - 1  # the multicast's CTA mask
     # What TMA lands in each CTA per stage: A and B, or A alone where the producer gathers B, whose
@@ -252,6 +269,7 @@ def _kernel(wl: Workload, config: Config) -> Any:
     releases = consumers // 32 * cluster
     wgmma = f"wgmma.mma_async.sync.aligned.m64n{bn}k16.f32.f16.f16"
     tma = "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+    tma_store = "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group"
     # B's loads: plain, or multicast to every CTA of the cluster (with its CTA mask); and the wait
     # for an empty barrier, at cluster scope where the other CTA's consumers arrive on it.
     b_load, b_mask = (tma, []) if cluster == 1 else (tma + ".multicast::cluster", [T.uint16(everyone)])
@@ -416,7 +434,8 @@ def _kernel(wl: Workload, config: Config) -> Any:
                 words[high] = T.if_then_else(mine, words[high], exchanged[0])
 
     @T.macro
-    def consume(smem, bars, remote, a_map, b_src, acc, desc, words, exchanged, C, C2, c, rank, tx, warpgroup):
+    def consume(smem, bars, remote, a_map, b_src, c_map, acc, desc, words, exchanged, C, C2, staged, c, rank, tx,
+                warpgroup):
         # (every consumer thread) per tile of C, the reduction, tile by tile as the full barriers
         # complete, then the write-out.
         # The descriptors are encoded once, for stage 0's first step (A's of each of this warpgroup's
@@ -464,7 +483,13 @@ def _kernel(wl: Workload, config: Config) -> Any:
                 if producer >= 1:  # the last reduction tile's stage, free for the next tile of C
                     release(bars, remote, (t * k_tiles + k_tiles - 1) % stages, tx, rank)
                 for s in T.unroll(slices):
-                    if store == 1:
+                    if store >= 1:
+                        staging = T.meta_var(c_base + warpgroup * SLICE * bn)  # (halves) this warpgroup's
+                        if store == 2:  # the staging tile is free once TMA has read the last one out of it
+                            if tx % WARPGROUP == 0:
+                                T.ptx.cp.async_.bulk.wait_group.read(0)
+                            # the warpgroup's own named barrier (barrier 0 is the block's)
+                            T.ptx.bar.sync(T.Cast("uint32", 1 + warpgroup), T.uint32(WARPGROUP))
                         # Each group of 4 j: the quad's lanes hold 4 x 4 half2s (lane q has
                         # columns 8j + 2q, + 1 of each j); transposed, lane q has all 8 columns
                         # of j = 4 group + q, 16 contiguous bytes it stores at once. 4-byte stores
@@ -476,9 +501,26 @@ def _kernel(wl: Workload, config: Config) -> Any:
                                     words[q] = half2(acc[s * acc_n + (group * 4 + q) * 4 + half * 2],
                                                      acc[s * acc_n + (group * 4 + q) * 4 + half * 2 + 1])
                                 quad_transpose(words, exchanged, tx)
-                                for w in T.vectorized(4):
-                                    C2[out_row(block_m, s, half, tx, warpgroup),
-                                       (block_n * bn + (group * 4 + tx % 4) * 8) // 2 + w] = words[w]
+                                if store == 1:
+                                    for w in T.vectorized(4):
+                                        C2[out_row(block_m, s, half, tx, warpgroup),
+                                           (block_n * bn + (group * 4 + tx % 4) * 8) // 2 + w] = words[w]
+                                else:  # row r of the slice, 16-byte chunk j of its columns: atom j // 8,
+                                    # chunk j % 8 swizzled with r % 8 (where TMA's 128-byte swizzle reads it)
+                                    r = T.meta_var(tx % WARPGROUP // 32 * 16 + tx % 32 // 4 + half * 8)
+                                    chunk = T.meta_var(group * 4 + tx % 4)
+                                    for w in T.vectorized(4):
+                                        staged[(staging + chunk // 8 * SLICE * ATOM_N + r * ATOM_N
+                                                + T.bitwise_xor(chunk % 8, r % 8) * 8) // 2 + w] = words[w]
+                        if store == 2:  # the writes, visible to TMA (the async proxy), then stored by it
+                            T.ptx.fence.proxy.async_.shared__cta()
+                            T.ptx.bar.sync(T.Cast("uint32", 1 + warpgroup), T.uint32(WARPGROUP))
+                            if tx % WARPGROUP == 0:
+                                for atom in T.unroll(atoms):
+                                    T.ptx[tma_store](T.address_of(c_map), block_n * bn + atom * ATOM_N,
+                                                     out_row(block_m, s, 0, 0, warpgroup),
+                                                     T.address_of(smem[staging + atom * SLICE * ATOM_N]))
+                                T.ptx.cp.async_.bulk.commit_group()
                     else:
                         for j in T.unroll(bn // 8):
                             for half in T.unroll(2):
@@ -493,6 +535,9 @@ def _kernel(wl: Workload, config: Config) -> Any:
                                     for c2 in T.vectorized(2):
                                         C[row, block_n * bn + j * 8 + tx % 4 * 2 + c2] = T.Cast(
                                             "float16", acc[s * acc_n + j * 4 + half * 2 + c2])
+        if store == 2:  # no block exits before TMA has written its last tile out of shared memory
+            if tx % WARPGROUP == 0:
+                T.ptx.cp.async_.bulk.wait_group(0)
 
     @T.prim_func
     def main(x_handle: T.handle, y_handle: T.handle, c_handle: T.handle) -> None:
@@ -522,6 +567,12 @@ def _kernel(wl: Workload, config: Config) -> Any:
             T.call_packed("runtime.cuTensorMapEncodeTiled", b_map, "float16", 2, B.data, N, K, N * 2,
                           ATOM_N, b_rows, 1, 1, 0, SWIZZLE_128B, L2_PROMOTION_128B, 0)
             b_src = T.meta_var(b_map)
+        if store == 2:  # C's tensor map for TMA's stores: boxes of 64 rows of one 128-byte swizzled atom
+            c_map: T.let[T.handle("tensormap")] = T.tvm_stack_alloca("tensormap", 1)
+            T.call_packed("runtime.cuTensorMapEncodeTiled", c_map, "float16", 2, C.data, N, M, N * 2,
+                          ATOM_N, SLICE, 1, 1, 0, SWIZZLE_128B, L2_PROMOTION_128B, 0)
+        else:
+            c_map = T.meta_var(a_map)  # (unused)
 
         T.device_entry()
         if cluster > 1:  # a cluster launch: CTAs 2c and 2c + 1 are cluster c's ranks 0 and 1
@@ -531,7 +582,11 @@ def _kernel(wl: Workload, config: Config) -> Any:
         # but read through a volatile asm at each use, which costs registers that spill)
         rank = T.meta_var(pid % cluster)
         tx = T.thread_id([threads])
-        smem = T.alloc_buffer((stages * (a_tile + b_tile),), "float16", scope="shared.dyn", align=1024)
+        smem = T.alloc_buffer((smem_halves,), "float16", scope="shared.dyn", align=1024)
+        if store == 2:  # the staging tiles' 16-byte writes, as pairs of halves
+            staged = T.decl_buffer((smem_halves // 2,), "uint32", data=smem.data, scope="shared.dyn", align=1024)
+        else:
+            staged = T.meta_var(smem)  # (unused)
         # A full barrier per stage (TMA's bytes landed), then, with a producer, an empty one (every
         # consumer warp of the cluster is done with the stage).
         bars = T.alloc_buffer((2 * stages,), "uint64", scope="shared", align=8)
@@ -560,14 +615,14 @@ def _kernel(wl: Workload, config: Config) -> Any:
                 if loads(tx):
                     produce(smem, bars, a_map, b_src, pid // cluster, rank, tx)
             else:
-                consume(smem, bars, remote, a_map, b_src, acc, desc, words, exchanged, C, C2, pid // cluster, rank, tx,
-                        tx // WARPGROUP - producer)
+                consume(smem, bars, remote, a_map, b_src, c_map, acc, desc, words, exchanged, C, C2, staged,
+                        pid // cluster, rank, tx, tx // WARPGROUP - producer)
         else:
             if tx == 0:  # one tile of C per block, no cluster (check): its first `stages` reduction tiles
                 for s in T.unroll(stages):
                     load(smem, bars, a_map, b_src, pid, s, s, rank, tx)
-            consume(smem, bars, remote, a_map, b_src, acc, desc, words, exchanged, C, C2, pid, rank, tx,
-                    tx // WARPGROUP)
+            consume(smem, bars, remote, a_map, b_src, c_map, acc, desc, words, exchanged, C, C2, staged, pid, rank,
+                    tx, tx // WARPGROUP)
         if cluster > 1:  # no CTA leaves while the others may still multicast into it or arrive on it
             T.cuda.cluster_sync()
     # fmt: on
