@@ -2,6 +2,7 @@
 
     python bench/vs_metaschedule.py [--workload resnet-last-conv] [--target cuda] [--trials 128]
                                     [--seeds 0 1 2] [--out DIR] [--json FILE]
+    python bench/vs_metaschedule.py --merge A.json B.json ... --json FILE [--device NAME]
 
 Two tuning runs of the same kernel, one after the other, each a process of its own and timed
 from its start to its exit (imports, servers and Ray included: what a user waits for):
@@ -20,6 +21,12 @@ MetaSchedule's from its database with compile_tir), checked against the NumPy re
 timed with one time_evaluator setting, alternating, so the latencies compare like for like.
 Prints one line per method and the ratios, writes a tuning-curve plot (best latency each tool
 measured against trials) and, with --json, every figure.
+
+A seed takes about 16 minutes of an H100 at 512 trials (MetaSchedule 13 of them), so the seeds of
+one comparison may come from several device sessions: `--merge` joins the --json files of such
+runs into one, with the medians over all their seeds, after checking that they compare the same
+workload, target and trials on one GPU kind, each seed once. (`--device` names the GPU of runs
+recorded before each run kept its own.)
 """
 
 from __future__ import annotations
@@ -154,11 +161,13 @@ def compare(workload: Workload, args: argparse.Namespace, seed: int, out: Path) 
     print(f"ms.tune_tir: {ms_s:.0f} s", flush=True)
 
     farm_best, farm_status = farm_curve(db)
+    device = json.loads(export.read_text())["records"][0]["device"]  # the GPU both sides ran on
     _, ms_best, ms_status = metaschedule_records(ms_dir)
     final = retime(workload, args.target, export, ms_dir)
     ms_tune_s = json.loads((ms_dir / "tune.json").read_text())["tune_seconds"]
     figures = {
         "seed": seed,
+        "device": device,
         "farm": {"wall_s": farm_s, "trials": len(farm_best), "statuses": farm_status,
                  "best_measured_us": float(np.nanmin(farm_best)), "curve_us": farm_best.tolist(), **final["farm"]},
         "metaschedule": {"wall_s": ms_s, "tune_tir_s": ms_tune_s, "trials": len(ms_best), "statuses": ms_status,
@@ -196,9 +205,19 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     parser.add_argument("--retime", action="store_true",
                         help="only check and time again the two best kernels of an earlier run in --out")
+    parser.add_argument("--merge", type=Path, nargs="+", metavar="JSON",
+                        help="join earlier --json files of this comparison (seeds run in several sessions) "
+                             "into --json, with the medians over all their seeds")
+    parser.add_argument("--device", help="with --merge: the GPU of runs that do not record it")
     parser.add_argument("--seed", type=int, help=argparse.SUPPRESS)  # the child's seed
     parser.add_argument("--run-metaschedule", type=Path, help=argparse.SUPPRESS)  # the child's work dir
     args = parser.parse_args()
+    if args.merge:
+        if not args.json:
+            parser.error("--merge needs --json, the file to write the joined figures to")
+        merged = merge(args.merge, args.device)
+        args.json.write_text(json.dumps(merged, indent=1))
+        return
     params = dict(p.split("=", 1) for p in args.params)
     workload = make_workload(args.workload, params or None)
     if args.run_metaschedule:
@@ -221,16 +240,54 @@ def main() -> None:
         if args.json:  # after every seed: a run cut short (a device lease ending) keeps the seeds it finished
             args.json.write_text(json.dumps(figures, indent=1))
     if several:
-        summary = {key: [r[key] for r in runs] for key in ("wall_ratio_ms_over_farm", "latency_ratio_ms_over_farm")}
-        for name in ("farm", "metaschedule"):
-            summary[f"{name}_wall_s"] = [r[name]["wall_s"] for r in runs]
-            summary[f"{name}_best_us"] = [r[name]["median_us"] for r in runs]
-        figures["summary"] = summary
-        print(f"median over {len(runs)} seeds: " + "; ".join(f"{key} {spread(values)}"
-                                                                      for key, values in summary.items()))
+        summarise(figures)
     if args.json:
         args.json.write_text(json.dumps(figures, indent=1))
 
+
+def summarise(figures: dict[str, Any]) -> None:
+    """Medians over `figures["runs"]` (one per seed) into figures["summary"], printed too."""
+    runs = figures["runs"]
+    summary = {key: [r[key] for r in runs] for key in ("wall_ratio_ms_over_farm", "latency_ratio_ms_over_farm")}
+    for name in ("farm", "metaschedule"):
+        summary[f"{name}_wall_s"] = [r[name]["wall_s"] for r in runs]
+        summary[f"{name}_best_us"] = [r[name]["median_us"] for r in runs]
+    figures["summary"] = summary
+    print(f"median over {len(runs)} seeds: " + "; ".join(f"{key} {spread(values)}" for key, values in summary.items()))
+
+
+def merge(files: list[Path], device: str | None) -> dict[str, Any]:
+    """The --json figures of several runs of one comparison as one, their seeds' runs together and
+    summarised; SystemExit with one line where they do not compare the same thing."""
+    loaded = []
+    for f in files:
+        try:
+            loaded.append(json.loads(f.read_text()))
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"vs_metaschedule: cannot read {f}: {e}") from None
+    first = loaded[0]
+    for f, figures in zip(files, loaded, strict=True):
+        for key in ("workload", "target", "trials"):
+            if figures.get(key) != first.get(key):
+                raise SystemExit(f"vs_metaschedule: {f} has {key} {figures.get(key)!r}, {files[0]} "
+                                 f"{first.get(key)!r}: merge runs of one comparison only")
+    runs = [dict(run) for figures in loaded for run in figures["runs"]]
+    for run in runs:
+        run.setdefault("device", device)
+    if None in (devices := {run["device"] for run in runs}):
+        raise SystemExit("vs_metaschedule: some runs do not record their GPU; say which it was with --device")
+    if len(devices) > 1:
+        raise SystemExit(f"vs_metaschedule: the runs are from different GPUs ({', '.join(sorted(devices))}): "
+                         "their medians would mix them")
+    if len(seeds := [run["seed"] for run in runs]) != len(set(seeds)):
+        raise SystemExit(f"vs_metaschedule: a seed comes twice among {sorted(seeds)}")
+    merged = {**first, "machine": "; ".join(sorted({figures["machine"] for figures in loaded})),
+              "runs": sorted(runs, key=lambda run: run["seed"]), "merged_from": [str(f) for f in files]}
+    for run in merged["runs"]:
+        if "warning" in run:
+            print(f"WARNING (seed {run['seed']}): {run['warning']}")
+    summarise(merged)
+    return merged
 
 if __name__ == "__main__":
     main()
