@@ -327,6 +327,13 @@ def _kernel(wl: Workload, config: Config) -> Any:
             return T.Cast("uint32", T.reinterpret("uint16", T.Cast("float16", x)))
         return T.bitwise_or(bits(low), T.shift_left(bits(high), T.uint32(16)))
 
+    def swizzled(rows: int, r: Any, col: Any) -> Any:
+        """Element (r, col)'s offset, in halves, in a tile laid out as TMA lays out its boxes with the
+        128-byte swizzle: 64-column atoms of `rows` rows one after another, each 1024-byte aligned,
+        and in row r the 16-byte chunk col % 64 // 8 swizzled with r % 8."""
+        return (col // ATOM_N * rows * ATOM_N + r * ATOM_N + T.bitwise_xor(col % ATOM_N // 8, r % 8) * 8
+                + col % 8)
+
     def moved(descriptor: Any, halves: Any) -> Any:
         """`descriptor` with its start address moved by `halves` (a multiple of 8): its low word plus
         the 16-byte units, in 32 bits (the address stays in its 14-bit field; the high word, the
@@ -366,8 +373,7 @@ def _kernel(wl: Workload, config: Config) -> Any:
                               T.max(T.min(ix, in_w - 1), 0)]
             for i in T.unroll(batch):
                 r, col, p, channel, iy, ix = T.meta_var(window(u, k, (b * batch + i) * gatherers + tx))
-                smem[b_base + stage * b_tile + col // ATOM_N * TILE_K * ATOM_N + r * ATOM_N
-                     + T.bitwise_xor(col % ATOM_N // 8, r % 8) * 8 + col % 8] = T.if_then_else(
+                smem[b_base + stage * b_tile + swizzled(TILE_K, r, col)] = T.if_then_else(
                     p < N and 0 <= iy and iy < in_h and 0 <= ix and ix < in_w, staged[i], T.float16(0))
 
     @T.macro
@@ -505,13 +511,12 @@ def _kernel(wl: Workload, config: Config) -> Any:
                                     for w in T.vectorized(4):
                                         C2[out_row(block_m, s, half, tx, warpgroup),
                                            (block_n * bn + (group * 4 + tx % 4) * 8) // 2 + w] = words[w]
-                                else:  # row r of the slice, 16-byte chunk j of its columns: atom j // 8,
-                                    # chunk j % 8 swizzled with r % 8 (where TMA's 128-byte swizzle reads it)
+                                else:  # row r of the slice, its 8 columns from 8 (4 group + lane % 4),
+                                    # where TMA's box of the 128-byte swizzle reads them
                                     r = T.meta_var(tx % WARPGROUP // 32 * 16 + tx % 32 // 4 + half * 8)
-                                    chunk = T.meta_var(group * 4 + tx % 4)
                                     for w in T.vectorized(4):
-                                        staged[(staging + chunk // 8 * SLICE * ATOM_N + r * ATOM_N
-                                                + T.bitwise_xor(chunk % 8, r % 8) * 8) // 2 + w] = words[w]
+                                        staged[(staging + swizzled(SLICE, r, (group * 4 + tx % 4) * 8)) // 2
+                                               + w] = words[w]
                         if store == 2:  # the writes, visible to TMA (the async proxy), then stored by it
                             T.ptx.fence.proxy.async_.shared__cta()
                             T.ptx.bar.sync(T.Cast("uint32", 1 + warpgroup), T.uint32(WARPGROUP))
