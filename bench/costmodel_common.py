@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -155,11 +156,16 @@ def timed(command: list[str], log: Path) -> float:
 
 
 def farm_tune(workload: str, params: list[str], target: str, trials: int, search: str, seed: int, out: Path,
-              name: str, extra: Sequence[str] = ()) -> tuple[float, Path]:
-    """`python -m farm tune` on the embedded defaults into the new SQLite store OUT/NAME.db, exporting
-    OUT/NAME-best.json, with `extra` options; (wall seconds of the whole process, the store's path)."""
+              name: str, extra: Sequence[str] = (), history: Path | None = None) -> tuple[float, Path]:
+    """`python -m farm tune` on the embedded defaults into the SQLite store OUT/NAME.db, exporting
+    OUT/NAME-best.json, with `extra` options; (wall seconds of the whole process, the store's path).
+
+    The store is new, or with `history` a copy of that store: the job then starts from the cost
+    model and trials its family has there, as a job on a farm that has tuned before does."""
     db = out / f"{name}.db"
     db.unlink(missing_ok=True)
+    if history is not None:
+        shutil.copyfile(history, db)
     seconds = timed([sys.executable, "-m", "farm", "tune", workload, *params, "--target", target, "--trials",
                      str(trials), "--search", search, "--seed", str(seed), "--db", f"sqlite:///{db}", "--export",
                      str(out / f"{name}-best.json"), "--log-dir", str(out / f"logs-{name}"), *extra],
@@ -168,12 +174,12 @@ def farm_tune(workload: str, params: list[str], target: str, trials: int, search
 
 
 def farm_curve(db: Path) -> tuple[np.ndarray, dict[str, int]]:
-    """Best-so-far latency (µs, NaN before the first correct trial) after each trial of the one job
-    in the store `db`, and its trials' status counts."""
+    """Best-so-far latency (µs, NaN before the first correct trial) after each trial of the newest
+    job in the store `db` (the one `farm_tune` ran, history or not), and its trials' status counts."""
     from farm.report import tuning_curves
 
     store = open_store(f"sqlite:///{db}")
-    (job,) = store.jobs()
+    job = store.jobs(limit=1)[0]
     (curve,) = tuning_curves(store, [job["id"]])
     statuses = store.trials(job_id=job["id"])["status"].value_counts().to_dict()
     return curve.best_us, {k: int(v) for k, v in statuses.items()}

@@ -2,12 +2,17 @@
 the best latency, and the best latency at each budget.
 
     python bench/farm_search.py [--workload resnet-last-conv] [--params k=v ...] [--target cuda]
-                                [--seeds 3] [--trials 128] [--random-trials 384] [--out DIR] [--json FILE]
+                                [--seeds 3] [--trials 128] [--random-trials 384] [--history STORE]
+                                [--out DIR] [--json FILE]
 
 Every run is a `python -m farm tune` process on the embedded defaults (local Ray, RPC tracker and
 server, SQLite), each in a new store so that no run learns from another: `--seeds` runs with
 `--search xgb` of `--trials` each (seeds 0, 1, ...), then one run with `--search random` of
-`--random-trials` (seed 1000).
+`--random-trials` (seed 1000). With `--history STORE` (a SQLite store of an earlier job of the same
+family on other shapes, such as another run's OUT/xgb-0.db) each xgb run's store starts as a copy of
+it instead: the run starts from that family's cost model and trials, as a job on a farm that has
+tuned before does (farm.core.costmodel: one model per family, all shapes). The store must hold a
+model of the family and no trial of the shape tuned here, or the script stops before any run.
 (bench/costmodel_search.py compares the two searches on memoised measurements of a local device
 instead; this script measures what a user of `farm tune` gets, pipelining and all.)
 
@@ -31,7 +36,10 @@ from pathlib import Path
 import numpy as np
 from costmodel_common import add_workload_arguments, farm_curve, farm_tune, trials_to
 
-from farm.core.workloads import make_workload
+from db.store import open_store
+from farm.core.errors import FarmError
+from farm.core.jobspec import JobRequest, family_key
+from farm.core.workloads import Workload, make_workload
 from farm.report import Curve, plot_curves
 
 
@@ -41,23 +49,49 @@ def expected_random_trials(latency_us: np.ndarray, threshold: float) -> tuple[fl
     return (len(latency_us) + 1) / (hits + 1), hits
 
 
+def check_history(history: Path, workload: Workload, target: str) -> str:
+    """What `history` holds for the task tuned here, in words; FarmError unless it holds a model of
+    the task's family and no trial of its shape (the runs would then not be learning from other
+    shapes but from this one)."""
+    if not history.is_file():
+        raise FarmError(f"--history {history}: no such store (give an earlier run's OUT/xgb-0.db)")
+    (task,) = JobRequest.build([workload], target, 1).tasks
+    family = family_key(task)
+    store = open_store(f"sqlite:///{history}")
+    if store.latest_model(family) is None:
+        raise FarmError(f"--history {history}: no cost model of {family} there; tune another shape of "
+                        f"{task.workload.name} for {task.target.kind} with --search xgb into it first")
+    trials = store.trials_for_family(family)
+    if (trials["workload_key"] == task.workload.key).any():
+        raise FarmError(f"--history {history}: it holds trials of {task.workload} itself; give a store of "
+                        "other shapes only")
+    return f"{len(trials)} trials of {trials['workload_key'].nunique()} other shape(s) of {family}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_workload_arguments(parser)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--trials", type=int, default=128, help="trials of each xgb run")
     parser.add_argument("--random-trials", type=int, default=384)
+    parser.add_argument("--history", type=Path, help="a store of other shapes of the family each xgb run starts "
+                        "from (a copy of it); default: a new store")
     parser.add_argument("--out", type=Path, default=Path("/tmp/farm-search"))
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     workload = make_workload(args.workload, dict(p.split("=", 1) for p in args.params) or None)
+    try:
+        history = check_history(args.history, workload, args.target) if args.history else None
+    except FarmError as e:
+        raise SystemExit(f"farm_search: {e}") from None
     args.out.mkdir(parents=True, exist_ok=True)
-    print(f"{workload} on {args.target}: {args.seeds} xgb runs of {args.trials} trials, "
-          f"random search {args.random_trials}", flush=True)
+    print(f"{workload} on {args.target}: {args.seeds} xgb runs of {args.trials} trials"
+          + (f", each starting from {history}" if history else "") + f", random search {args.random_trials}",
+          flush=True)
     runs = []
     for seed in range(args.seeds):
         seconds, db = farm_tune(args.workload, args.params, args.target, args.trials, "xgb", seed, args.out,
-                                f"xgb-{seed}")
+                                f"xgb-{seed}", history=args.history)
         curve, statuses = farm_curve(db)
         runs.append({"search": "xgb", "seed": seed, "wall_s": seconds, "statuses": statuses, "curve_us": curve})
         print(f"  xgb seed {seed}: best {np.nanmin(curve):.2f} µs in {seconds:.0f} s", flush=True)
@@ -66,8 +100,6 @@ def main() -> None:
     seconds, db = farm_tune(args.workload, args.params, args.target, args.random_trials, "random", 1000, args.out,
                             "random")
     random_curve, statuses = farm_curve(db)
-    from db.store import open_store
-
     trials = open_store(f"sqlite:///{db}").trials()
     random_us = np.where(trials["latency"].isna(), np.inf, trials["latency"].to_numpy(dtype=float) * 1e6)
     runs.append({"search": "random", "seed": 1000, "wall_s": seconds, "statuses": statuses, "curve_us": random_curve})
@@ -75,7 +107,8 @@ def main() -> None:
 
     best = min(float(np.nanmin(r["curve_us"])) for r in runs)
     xgb_curves = [np.nan_to_num(r["curve_us"], nan=np.inf) for r in runs if r["search"] == "xgb"]
-    figures: dict = {"workload": str(workload), "target": args.target, "best_us": best, "thresholds": {},
+    figures: dict = {"workload": str(workload), "target": args.target, "history": history, "best_us": best,
+                     "thresholds": {},
                      "runs": [{**r, "curve_us": [None if np.isnan(v) else v for v in r["curve_us"]]} for r in runs]}
     print(f"best of all runs: {best:.2f} µs")
     for fraction in (0.95, 0.90):

@@ -13,6 +13,10 @@
 #   fsearch     bench/farm_search.py through `farm tune`, per FSEARCH_CASES (;-separated, default
 #               resnet-last-conv; matmul 1024^3; conv2d 1x256x14x14 3x3): 3 xgb runs of
 #               FSEARCH_TRIALS (171: a third of random's) against one random search of FSEARCH_RANDOM (512)
+#   fsearchwarm fsearch of FSEARCH_WARM_CASES (;-separated) into OUTDIR/fsearchwarm-CASE, each xgb run
+#               starting from a copy of the store FSEARCH_HISTORY (default: the first xgb run's store of
+#               the fsearch step's first case in OUTDIR, so "fsearch fsearchwarm" runs one after the
+#               other): a job on a farm that tuned other shapes of the family before (--history)
 #   retime      VSMS_DIR's two best kernels (an earlier vsms step) checked and timed again
 #   e2e         bench/e2e_throughput.py: E2E_TRIALS trials of resnet-last-conv on E2E_GPUS GPUs,
 #               E2E_SEEDS seeds, busy share, scaling, first trial; timeline PNGs
@@ -78,6 +82,15 @@ fi
 case_name() { tr -d '=' <<< "$1" | tr ' ' '-'; }
 step() { local name=$1 limit=$2; shift 2; echo "== $name"; local t0=$SECONDS
   timeout "$limit" "$@" > >(tee "$OUT/$name.log") 2>&1; echo "== $name: exit $? in $((SECONDS - t0)) s"; }
+# bench/farm_search.py per case of CASES (;-separated) as step PREFIX-CASE, with farm_search's OPTIONS.
+fsearch() { local prefix=$1 list=$2 cases case name words; shift 2
+  IFS=';' read -ra cases <<< "$list"
+  for case in "${cases[@]}"; do
+    name=$(case_name "$case"); read -ra words <<< "$case"
+    step "$prefix-$name" 1200 python3 bench/farm_search.py --workload "${words[0]}" --params "${words[@]:1}" \
+      --target cuda --seeds 3 --trials "$FSEARCH_TRIALS" --random-trials "$FSEARCH_RANDOM" \
+      --out "$OUT/$prefix-$name" --json "$OUT/$prefix-$name.json" "$@"
+  done; }
 for s in $STEPS; do
   case $s in
     torch) step torch 120 python3 bench/torch_baseline.py --json "$OUT/torch.json" ;;
@@ -97,13 +110,10 @@ for s in $STEPS; do
              --random 128 --out "$OUT/search" --json "$OUT/search.json" ;;
     zeroshot) step zeroshot 1200 python3 bench/costmodel_zeroshot.py --target cuda --families conv2d \
              --out "$OUT/zeroshot" --json "$OUT/zeroshot.json" ;;
-    fsearch) IFS=';' read -ra cases <<< "$FSEARCH_CASES"
-             for case in "${cases[@]}"; do
-               name=$(case_name "$case"); read -ra words <<< "$case"
-               step "fsearch-$name" 1200 python3 bench/farm_search.py --workload "${words[0]}" --params "${words[@]:1}" \
-                 --target cuda --seeds 3 --trials "$FSEARCH_TRIALS" --random-trials "$FSEARCH_RANDOM" \
-                 --out "$OUT/fsearch-$name" --json "$OUT/fsearch-$name.json"
-             done ;;
+    fsearch) fsearch fsearch "$FSEARCH_CASES" ;;
+    fsearchwarm) IFS=';' read -ra first <<< "$FSEARCH_CASES"
+                 fsearch fsearchwarm "${FSEARCH_WARM_CASES:?}" \
+                   --history "${FSEARCH_HISTORY:-$OUT/fsearch-$(case_name "${first[0]}")/xgb-0.db}" ;;
     retime) step retime 300 python3 bench/vs_metaschedule.py --target cuda --out "${VSMS_DIR:?}" --retime ;;
     e2e) step e2e 3000 python3 bench/e2e_throughput.py --target cuda --trials "$E2E_TRIALS" --gpus $E2E_GPUS \
              --seeds "$E2E_SEEDS" --out "$OUT/e2e" --json "$OUT/e2e.json" ;;
