@@ -94,26 +94,27 @@ def main() -> None:
           + (f", each starting from {history}" if history else "") + f", random search {args.random_trials}",
           flush=True)
     runs = []
-    for seed in range(args.seeds):
-        seconds, db = farm_tune(args.workload, args.params, args.target, args.trials, "xgb", seed, args.out,
-                                f"xgb-{seed}", history=args.history)
+
+    def run(search: str, seed: int, trials: int, name: str, history: Path | None = None) -> np.ndarray:
+        """One `farm tune` run recorded in `runs`; its trials' latencies (µs, inf if not ok) in order."""
+        seconds, db = farm_tune(args.workload, args.params, args.target, trials, search, seed, args.out, name,
+                                history=history)
         curve, statuses = farm_curve(db)
-        runs.append({"search": "xgb", "seed": seed, "wall_s": seconds, "statuses": statuses, "curve_us": curve})
-        print(f"  xgb seed {seed}: best {np.nanmin(curve):.2f} µs in {seconds:.0f} s", flush=True)
+        store = open_store(f"sqlite:///{db}")
+        latency = store.trials(job_id=store.jobs(limit=1)[0]["id"])["latency"].to_numpy(dtype=float) * 1e6
+        runs.append({"search": search, "seed": seed, "wall_s": seconds, "statuses": statuses, "curve_us": curve,
+                     # Every trial's latency, so that the figures can be worked out again from the JSON
+                     # alone (a GPU session brings back no store over 8 MB: bench/gpu_collect.sh).
+                     "latency_us": [None if np.isnan(v) else float(v) for v in latency]})
+        print(f"  {search} seed {seed}: best {np.nanmin(curve):.2f} µs in {seconds:.0f} s", flush=True)
+        return np.nan_to_num(latency, nan=np.inf)
+
+    for seed in range(args.seeds):
+        run("xgb", seed, args.trials, f"xgb-{seed}", args.history)
     # Seeds 1000, 1001, ...: xgb runs start as random search with their own seed until a model
     # exists, and would share their first configs with a random run of the same seed.
-    random_samples = []
-    for seed in range(1000, 1000 + args.random_seeds):
-        seconds, db = farm_tune(args.workload, args.params, args.target, args.random_trials, "random", seed,
-                                args.out, f"random-{seed}")
-        random_curve, statuses = farm_curve(db)
-        store = open_store(f"sqlite:///{db}")
-        trials = store.trials(job_id=store.jobs(limit=1)[0]["id"])
-        random_samples.append(np.where(trials["latency"].isna(), np.inf,
-                                       trials["latency"].to_numpy(dtype=float) * 1e6))
-        runs.append({"search": "random", "seed": seed, "wall_s": seconds, "statuses": statuses,
-                     "curve_us": random_curve})
-        print(f"  random seed {seed}: best {np.nanmin(random_curve):.2f} µs in {seconds:.0f} s", flush=True)
+    random_samples = [run("random", seed, args.random_trials, f"random-{seed}")
+                      for seed in range(1000, 1000 + args.random_seeds)]
     # The random runs are independent uniform samples: pooled, they estimate random search's
     # trials to a latency better than one run does.
     pooled = np.concatenate(random_samples)
