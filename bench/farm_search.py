@@ -101,10 +101,13 @@ def main() -> None:
                                 history=history)
         curve, statuses = farm_curve(db)
         store = open_store(f"sqlite:///{db}")
-        latency = store.trials(job_id=store.jobs(limit=1)[0]["id"])["latency"].to_numpy(dtype=float) * 1e6
+        trials = store.trials(job_id=store.jobs(limit=1)[0]["id"])
+        latency = trials["latency"].to_numpy(dtype=float) * 1e6
         runs.append({"search": search, "seed": seed, "wall_s": seconds, "statuses": statuses, "curve_us": curve,
-                     # Every trial's latency, so that the figures can be worked out again from the JSON
-                     # alone (a GPU session brings back no store over 8 MB: bench/gpu_collect.sh).
+                     # Every trial's config and latency, so that the figures can be worked out again
+                     # from the JSON alone (a GPU session brings back no store over 8 MB:
+                     # bench/gpu_collect.sh), and bench/search_screening.py can study the model on them.
+                     "config_index": [int(i) for i in trials["config_index"]],
                      "latency_us": [None if np.isnan(v) else float(v) for v in latency]})
         print(f"  {search} seed {seed}: best {np.nanmin(curve):.2f} µs in {seconds:.0f} s", flush=True)
         return np.nan_to_num(latency, nan=np.inf)

@@ -50,13 +50,14 @@ def test_registered_as_xgb() -> None:
     assert isinstance(make_search("xgb", task, task.space.shards(1)[0]), XGBSearch)
 
 
-def test_contract_on_a_large_space_with_and_without_a_model(resnet_cuda: tuple[Task, CostModel]) -> None:
+@pytest.mark.parametrize("screen", [1, 16])
+def test_contract_on_a_large_space_with_and_without_a_model(resnet_cuda: tuple[Task, CostModel], screen: int) -> None:
     """Never a config twice, never one measured elsewhere, only valid ones, only its shard's."""
     task, model = resnet_cuda
     shards = task.space.shards(3)
     measured = set(np.random.default_rng(1).choice(task.space.size, 5000, replace=False).tolist())
     for shard in shards:
-        search = XGBSearch(task, shard, seed=4)
+        search = XGBSearch(task, shard, seed=4, epsilon=0.5, screen=screen)
         search.mark_measured(measured)
         proposed: list[int] = search.propose(16)  # no model yet: random search
         search.set_model(model)
@@ -129,6 +130,27 @@ def test_annealing_finds_configs_the_model_rates_best(resnet_cuda: tuple[Task, C
     codes = featurizer(task).codes(batch)
     distances = (codes[:, None, :] != codes[None, :, :]).sum(axis=2)
     assert distances[np.triu_indices(len(batch), 1)].min() >= search.min_distance
+
+
+def test_screened_exploration_takes_the_best_scored_of_uniform_draws(resnet_cuda: tuple[Task, CostModel]) -> None:
+    """With `screen` k every exploratory pick is the model's favourite of k uniform draws: far
+    faster than uniform picks (synthetic costs), yet spread over the space as uniform picks are
+    (their knobs differ pairwise in as many places, within one)."""
+    task, model = resnet_cuda
+    shard = task.space.shards(1)[0]
+    uniform = RandomSearch(task, shard, 3).propose(64)
+    search = XGBSearch(task, shard, seed=3, epsilon=1.0, screen=16)
+    search.set_model(model)
+    picks = search.propose(64)
+    assert len(set(picks)) == 64 and all(task.check(task.space.get(i)) is None for i in picks)
+    assert np.median(synthetic_latency(task, np.array(picks))) < np.percentile(
+        synthetic_latency(task, np.array(uniform)), 20)
+
+    def spread(indices: list[int]) -> float:
+        codes = featurizer(task).codes(indices)
+        return float(np.median((codes[:, None, :] != codes[None, :, :]).sum(axis=2)[np.triu_indices(len(indices), 1)]))
+
+    assert spread(picks) >= spread(uniform) - 1
 
 
 # --- real measurements --------------------------------------------------------------------------

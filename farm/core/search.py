@@ -150,7 +150,7 @@ class GridSearch(SearchStrategy):
 
 
 class XGBSearch(RandomSearch):
-    """Simulated annealing on the cost model's score, with random exploration.
+    """Simulated annealing on the cost model's score, with exploration screened by the model.
 
     Until `set_model` gives it a trained model it is RandomSearch with the same seed, its first
     `quick_first` configs kept to those that compile quickly (`QUICK_BUILD`) while the shard has
@@ -170,24 +170,32 @@ class XGBSearch(RandomSearch):
       greedily by score minus a distance penalty: one standard deviation of the scores for
       every already picked config it differs from in fewer than `min_distance` knobs.
 
-    Every batch draws a share `epsilon` of its configs uniformly at random (exploration), the
-    rest from the plan. About a sixth (0.15), though the uniform configs themselves are slow: in
-    six 171-trial runs on two convolutions (H200, docs/benchmarks/kernels-2026-11-26h.md) their
-    median latencies after the 60th trial were 170 to 1300 µs against the plan's 20 to 30. What
-    they add is a model trained on more than the region the plan is in. With a twentieth, two of
-    three resnet-last-conv runs (H200, kernels-2026-11-27.md) ended at 20.6 and 23.4 µs, and none
-    went below 16.2 µs; with 0.15 (the same code otherwise, on an H100) two of three did (14.6
-    and 15.8 µs).
+    Every batch takes a share `epsilon` of its configs from screened exploration, the rest from
+    the plan: each exploratory config is the best-scored of `screen` configs drawn uniformly from
+    the shard's unseen valid ones. Half and 16 by default, because of where the model puts what
+    it has not measured (bench/search_screening.py on six 171-trial runs of two convolutions, H100
+    and H200, docs/benchmarks/kernels-2026-11-27b.md): trained on a run's first 64 or 96 trials,
+    it ranks the run's own best above every one of 3,000 uniform configs, in every run, even at 59
+    µs, so the plan (annealing from there to what scores highest) stays in that region; one run in
+    three settled so at 23 µs for 140 trials. Yet the fast configs other runs found (under
+    random's median best) lie high among uniform configs: trained on 96 trials, its top 10% held
+    67 to 100% of them in all six runs, 7 to 10 times their share (on 64, 0 to 100%, median
+    70%). Best of 16 is about its top 6%. Earlier, with uniform picks
+    (`screen` 1): a twentieth left two of three resnet-last-conv runs at 20.6 and 23.4 µs, a sixth
+    let two of three reach 14.6 and 15.8 µs (kernels-2026-11-27.md): exploration paid even when
+    the picks themselves were slow (median 170 to 1300 µs after the 60th trial against the plan's
+    20 to 30, kernels-2026-11-26h.md).
     """
 
     name = "xgb"
     guided = True
 
-    def __init__(self, task: Task, shard: Shard, seed: int = 0, *, epsilon: float = 0.15, chains: int = 256,
-                 steps: int = 64, min_distance: int = 2, plan_size: int = 32, quick_first: int = QUICK_FIRST) -> None:
+    def __init__(self, task: Task, shard: Shard, seed: int = 0, *, epsilon: float = 0.5, screen: int = 16,
+                 chains: int = 256, steps: int = 64, min_distance: int = 2, plan_size: int = 32,
+                 quick_first: int = QUICK_FIRST) -> None:
         super().__init__(task, shard, seed)
         self._seed = seed
-        self.epsilon, self.chains, self.steps = epsilon, chains, steps
+        self.epsilon, self.screen, self.chains, self.steps = epsilon, screen, chains, steps
         self.min_distance, self.plan_size = min_distance, plan_size
         self.model: CostModel | None = None
         self._np = np.random.default_rng([seed, shard.number, shard.count])
@@ -227,7 +235,7 @@ class XGBSearch(RandomSearch):
                 out += self._draw(n - len(out))
             return out
         explore = int(self._np.binomial(n, self.epsilon))
-        out = super().propose(explore) if explore else []
+        out = self._explore(explore) if explore else []
         while len(out) < n:
             self._plan = [i for i in self._plan if i not in self.seen]
             if not self._plan:
@@ -239,6 +247,32 @@ class XGBSearch(RandomSearch):
             self.seen.update(take)
             out += take
         return out
+
+    def _explore(self, n: int) -> list[int]:
+        """`n` exploratory configs: each the best-scored of `screen` unseen valid configs of the
+        shard drawn uniformly (with `screen` 1, uniform picks). Those not picked stay unseen. Uniform
+        picks make up what the draws cannot (a shard nearly measured, or few valid configs)."""
+        out: list[int] = []
+        if self.screen > 1:
+            pool: list[int] = []
+            drawn: set[int] = set()
+            for _ in range(_MAX_REJECTS // 256):  # chunks of draws, until the pool is full
+                for position in self._np.integers(0, self.shard.size, size=256).tolist():
+                    index = self.shard.index(position)
+                    if index not in self.seen and index not in drawn:
+                        drawn.add(index)
+                        if self._is_valid(index):
+                            pool.append(index)
+                if len(pool) >= n * self.screen:
+                    break
+            groups = min(n, len(pool) // self.screen)
+            if groups:
+                pool = pool[: groups * self.screen]
+                scores = self._score(self.features.codes(np.array(pool, dtype=np.int64)))
+                best = scores.reshape(groups, self.screen).argmax(axis=1)
+                out = [pool[g * self.screen + int(b)] for g, b in enumerate(best)]
+                self.seen.update(out)
+        return out + (super().propose(n - len(out)) if len(out) < n else [])
 
     # --- planning ------------------------------------------------------------------------
 
