@@ -71,8 +71,8 @@ def main() -> None:
     (task,) = JobRequest.build([workload], args.target, 1).tasks
     runs = json.loads(args.runs.read_text())["runs"]
     if any("config_index" not in r for r in runs):
-        raise SystemExit(f"search_screening: {args.runs} has runs without config_index; it needs bench/farm_search.py's "
-                         "JSON of this version or later")
+        raise SystemExit(f"search_screening: {args.runs} has runs without config_index; it needs the JSON of "
+                         "bench/farm_search.py of this version or later")
     xgb = [r for r in runs if r["search"] == "xgb"]
     random_runs = [r for r in runs if r["search"] == "random"]
     fast_us = args.fast_us or statistics.median(min(v for v in r["latency_us"] if v is not None) for r in random_runs)
@@ -100,9 +100,9 @@ def main() -> None:
                     f"{own_pct:.3f}")
             if fast:
                 pct = np.searchsorted(uniform_scores, scores(model, task, fast)) / len(uniform)
-                line += f"; {len(fast)} fast configs of other runs: median percentile {np.median(pct):.3f}, " + ", ".join(
-                    f"top {q:.0%} holds {np.mean(pct >= 1 - q):.0%} ({np.mean(pct >= 1 - q) / q:.1f}x)"
-                    for q in (0.05, 0.10, 0.20))
+                held = ", ".join(f"top {q:.0%} holds {np.mean(pct >= 1 - q):.0%} ({np.mean(pct >= 1 - q) / q:.1f}x)"
+                                 for q in (0.05, 0.10, 0.20))
+                line += f"; {len(fast)} fast configs of other runs: median percentile {np.median(pct):.3f}, {held}"
             if uniform_us is not None:
                 groups = len(uniform) // SCREEN
                 raw = scores(model, task, uniform)[: groups * SCREEN].reshape(groups, SCREEN)
