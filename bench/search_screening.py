@@ -92,7 +92,8 @@ def main() -> None:
                        if v is not None and v <= fast_us})
         for n in args.train:
             model, _, _ = train(frame(task, run["config_index"][:n], run["latency_us"][:n]), task)
-            uniform_scores = np.sort(scores(model, task, uniform))
+            uniform_raw = scores(model, task, uniform)
+            uniform_scores = np.sort(uniform_raw)
             own = [(v, i) for i, v in zip(run["config_index"][:n], run["latency_us"][:n], strict=True) if v is not None]
             own_best_us, own_best = min(own)
             own_pct = np.searchsorted(uniform_scores, scores(model, task, [own_best])[0]) / len(uniform)
@@ -105,7 +106,7 @@ def main() -> None:
                 line += f"; {len(fast)} fast configs of other runs: median percentile {np.median(pct):.3f}, {held}"
             if uniform_us is not None:
                 groups = len(uniform) // SCREEN
-                raw = scores(model, task, uniform)[: groups * SCREEN].reshape(groups, SCREEN)
+                raw = uniform_raw[: groups * SCREEN].reshape(groups, SCREEN)
                 picked = uniform_us[: groups * SCREEN].reshape(groups, SCREEN)[np.arange(groups), raw.argmax(axis=1)]
                 line += (f"; screened picks (best of {SCREEN}) fast {np.mean(picked <= fast_us):.1%} against "
                          f"{np.mean(uniform_us <= fast_us):.1%} of uniform ones, median {np.median(picked):.1f} "
