@@ -2,6 +2,7 @@
 
     python bench/search_screening.py RUNS.json [--workload resnet-last-conv] [--params k=v ...]
                                      [--target cuda] [--train 32 64 96] [--fast-us 18] [--uniform 5000]
+                                     [--screen 16 32 64] [--near 1.10]
 
 RUNS.json is bench/farm_search.py's JSON (its runs' `config_index` and `latency_us`). For each xgb
 run and each n of `--train`, a model is trained as the farm trains it (farm.core.costmodel.train)
@@ -16,10 +17,16 @@ Then, against that sample's scores:
   runs' bests) that other runs measured, and how many of them the model's top 5, 10 and 20% of
   uniform configs hold (recall), over that share (enrichment: how much more often a config the
   model screens in is fast than a uniform one);
-- where the uniform sample has latencies: the share of fast configs among the best-scored of
-  every 16 uniform configs (XGBSearch's screened picks, `screen` 16) against among all of them.
+- where the uniform sample has latencies: for each screen size N of `--screen`, the chance that a
+  screened pick (XGBSearch's exploration: the best-scored of N uniform draws, here drawn from the
+  sample) is fast, and that it is within `--near` of fast (default 1.10: a tenth slower), against
+  a uniform pick's. It is computed exactly from the scores' ranks (the sample's config of rank r
+  from the top is the best of N draws with replacement with probability ((S-r+1)/S)^N -
+  ((S-r)/S)^N for S configs), so the figures do not hang on how the sample falls into groups; a
+  sample of S configs resolves N well below S (the best of N is about its top 1/N).
+  Then, per n and N, the mean of those chances over the xgb runs.
 
-Reads only; measures nothing. Prints one line per run and n.
+Reads only; measures nothing. Prints one line per run and n, and the means.
 """
 
 from __future__ import annotations
@@ -40,8 +47,6 @@ from farm.core.search import RandomSearch
 from farm.core.task import Task
 from farm.core.workloads import make_workload
 
-SCREEN = 16
-
 
 def frame(task: Task, indices: list[int], latency_us: list[float | None]) -> pd.DataFrame:
     """Trials as `store.trials_for_family` gives them to `train`: one shape, failed ones NaN."""
@@ -57,6 +62,15 @@ def scores(model: CostModel, task: Task, indices: list[int] | np.ndarray) -> np.
     return model.predict(feats.features(feats.codes(np.asarray(indices, dtype=np.int64))), feats.names)
 
 
+def best_of_chance(score: np.ndarray, size: int) -> np.ndarray:
+    """Per config of a sample, the chance it is the best-scored of `size` uniform draws from the
+    sample with replacement (ties broken by order). Sums to 1."""
+    count = len(score)
+    rank = np.empty(count)
+    rank[np.argsort(-score, kind="stable")] = np.arange(1, count + 1)
+    return ((count - rank + 1) / count) ** size - ((count - rank) / count) ** size
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", type=Path, help="bench/farm_search.py's JSON")
@@ -66,6 +80,9 @@ def main() -> None:
                         "of the random runs' bests)")
     parser.add_argument("--uniform", type=int, default=5000, help="uniform configs drawn when RUNS.json has "
                         "no random run of 100 trials or more")
+    parser.add_argument("--screen", type=int, nargs="+", default=[16, 32, 64], help="screen sizes N: the "
+                        "chance that the best-scored of N uniform configs is fast")
+    parser.add_argument("--near", type=float, default=1.10, help="'near fast': latency at most this times fast")
     args = parser.parse_args()
     workload = make_workload(args.workload, dict(p.split("=", 1) for p in args.params) or None)
     (task,) = JobRequest.build([workload], args.target, 1).tasks
@@ -85,7 +102,9 @@ def main() -> None:
         uniform = RandomSearch(task, task.space.shards(1)[0], seed=99).propose(args.uniform)
         uniform_us = None
         source = f"{len(uniform)} uniform valid configs"
-    print(f"{workload} on {args.target}: fast = at most {fast_us:.2f} µs; scored against {source}")
+    print(f"{workload} on {args.target}: fast = at most {fast_us:.2f} µs, near = at most "
+          f"{fast_us * args.near:.2f} µs; scored against {source}")
+    means: dict[tuple[int, int], list[tuple[float, float]]] = {}  # (n, N) -> per run (fast, near) chances
     for run in xgb:
         others = [r for r in runs if r is not run]
         fast = sorted({i for r in others for i, v in zip(r["config_index"], r["latency_us"], strict=True)
@@ -105,13 +124,18 @@ def main() -> None:
                                  for q in (0.05, 0.10, 0.20))
                 line += f"; {len(fast)} fast configs of other runs: median percentile {np.median(pct):.3f}, {held}"
             if uniform_us is not None:
-                groups = len(uniform) // SCREEN
-                raw = uniform_raw[: groups * SCREEN].reshape(groups, SCREEN)
-                picked = uniform_us[: groups * SCREEN].reshape(groups, SCREEN)[np.arange(groups), raw.argmax(axis=1)]
-                line += (f"; screened picks (best of {SCREEN}) fast {np.mean(picked <= fast_us):.1%} against "
-                         f"{np.mean(uniform_us <= fast_us):.1%} of uniform ones, median {np.median(picked):.1f} "
-                         f"against {np.median(uniform_us):.1f} µs")
+                fast_mask, near_mask = uniform_us <= fast_us, uniform_us <= fast_us * args.near
+                line += f"; a uniform pick fast {fast_mask.mean():.2%}, near {near_mask.mean():.2%}"
+                for size in args.screen:
+                    chance = best_of_chance(uniform_raw, size)
+                    shares = (chance[fast_mask].sum(), chance[near_mask].sum())
+                    means.setdefault((n, size), []).append(shares)
+                    line += f"; best of {size}: fast {shares[0]:.2%}, near {shares[1]:.2%}"
             print(line, flush=True)
+    for (n, size), shares in sorted(means.items()):
+        fast_mean, near_mean = np.mean(shares, axis=0)
+        print(f"  trained on {n}, best of {size}: fast {fast_mean:.2%}, near {near_mean:.2%} "
+              f"(mean of {len(shares)} runs)")
 
 
 if __name__ == "__main__":
