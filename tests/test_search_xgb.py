@@ -50,7 +50,7 @@ def test_registered_as_xgb() -> None:
     assert isinstance(make_search("xgb", task, task.space.shards(1)[0]), XGBSearch)
 
 
-@pytest.mark.parametrize("screen", [1, 16])
+@pytest.mark.parametrize("screen", [1, 32])
 def test_contract_on_a_large_space_with_and_without_a_model(resnet_cuda: tuple[Task, CostModel], screen: int) -> None:
     """Never a config twice, never one measured elsewhere, only valid ones, only its shard's."""
     task, model = resnet_cuda
@@ -139,7 +139,7 @@ def test_screened_exploration_takes_the_best_scored_of_uniform_draws(resnet_cuda
     task, model = resnet_cuda
     shard = task.space.shards(1)[0]
     uniform = RandomSearch(task, shard, 3).propose(64)
-    search = XGBSearch(task, shard, seed=3, epsilon=1.0, screen=16)
+    search = XGBSearch(task, shard, seed=3, epsilon=1.0, screen=32)
     search.set_model(model)
     picks = search.propose(64)
     assert len(set(picks)) == 64 and all(task.check(task.space.get(i)) is None for i in picks)

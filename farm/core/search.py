@@ -172,7 +172,7 @@ class XGBSearch(RandomSearch):
 
     Every batch takes a share `epsilon` of its configs from screened exploration, the rest from
     the plan: each exploratory config is the best-scored of `screen` configs drawn uniformly from
-    the shard's unseen valid ones. Half and 16 by default, because of where the model puts what
+    the shard's unseen valid ones. Half and 32 by default, because of where the model puts what
     it has not measured (bench/search_screening.py on six 171-trial runs of two convolutions, H100
     and H200, docs/benchmarks/kernels-2026-11-27b.md): trained on a run's first 64 or 96 trials,
     it ranks the run's own best above every one of 3,000 uniform configs, in every run, even at 59
@@ -180,7 +180,14 @@ class XGBSearch(RandomSearch):
     three settled so at 23 µs for 140 trials. Yet the fast configs other runs found (under
     random's median best) lie high among uniform configs: trained on 96 trials, its top 10% held
     67 to 100% of them in all six runs, 7 to 10 times their share (on 64, 0 to 100%, median
-    70%). Best of 16 is about its top 6%. Earlier, with uniform picks
+    70%). With half and best of 16, each case's median run of three beat the median of three
+    random runs of 512 within 171 trials on conv2d 1x256x14x14 and matmul 1024³, not on
+    resnet-last-conv (kernels-2026-11-27c.md); there, on the random runs' 1,536 configs, a
+    best-of-32 pick was within a tenth of random's median best 1.1 to 1.6 times as often as a
+    best-of-16 one for a model trained on 64 to 128 trials, on all three cases (mean over each
+    case's three runs, 1.03 to 1.6 times; on 32 trials, 0.8 to 1.3 times); best of 64 gained on
+    matmul and lost on the convolutions' early models. Not yet measured on a GPU at 32.
+    Earlier, with uniform picks
     (`screen` 1): a twentieth left two of three resnet-last-conv runs at 20.6 and 23.4 µs, a sixth
     let two of three reach 14.6 and 15.8 µs (kernels-2026-11-27.md): exploration paid even when
     the picks themselves were slow (median 170 to 1300 µs after the 60th trial against the plan's
@@ -190,7 +197,7 @@ class XGBSearch(RandomSearch):
     name = "xgb"
     guided = True
 
-    def __init__(self, task: Task, shard: Shard, seed: int = 0, *, epsilon: float = 0.5, screen: int = 16,
+    def __init__(self, task: Task, shard: Shard, seed: int = 0, *, epsilon: float = 0.5, screen: int = 32,
                  chains: int = 256, steps: int = 64, min_distance: int = 2, plan_size: int = 32,
                  quick_first: int = QUICK_FIRST) -> None:
         super().__init__(task, shard, seed)
