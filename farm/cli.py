@@ -101,7 +101,10 @@ def tune(
         min=1, help="Devices to measure on (default: every GPU for cuda, 1 for llvm).")] = None,
     search: Annotated[str, typer.Option(help="Search strategy: xgb (the cost model guides simulated annealing; "
                                         "until it has trained on a round, random configs that compile quickly), "
-                                        "random or grid.")] = "xgb",
+                                        "random or grid; xgb takes options as xgb:KEY=VALUE,...: epsilon "
+                                        "(share of each batch from exploration, 0.5), screen (each exploratory "
+                                        "config the model's best of this many uniform draws, 32), chains, "
+                                        "steps, min_distance, plan_size, quick_first.")] = "xgb",
     export: Annotated[Path | None, typer.Option(help="Write the best config (farm.best/1 JSON) here.")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the search.")] = 0,
     batch_size: Annotated[int, typer.Option(min=1, help="Candidates per worker per round.")] = 16,

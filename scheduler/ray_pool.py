@@ -28,7 +28,7 @@ from typing import Any
 from farm.core.costmodel import CostModel, StoredModel
 from farm.core.errors import one_line
 from farm.core.measure import MeasureResult
-from farm.core.search import SearchStrategy, search_class
+from farm.core.search import SearchStrategy, parse_search
 from farm.core.task import Task
 from farm.core.tvm_import import import_tvm
 from scheduler.pool import MAX_CALLS
@@ -267,10 +267,10 @@ class RaySearches:
     """
 
     def __init__(self, actors: list[Any], search: str, task: Task, seed: int, measured: Iterable[int]) -> None:
-        """FarmError for an unknown search name (raised here, not in the actors)."""
+        """FarmError for a bad search spec (raised here, not in the actors)."""
         import ray
 
-        search_class(search)
+        parse_search(search)
         self.actors = actors
         done = ray.put(sorted(set(measured)))
         task_json = json.dumps(task.to_json(), sort_keys=True)

@@ -60,7 +60,7 @@ class LocalSearches:
     """Every shard's strategy as an object of this process."""
 
     def __init__(self, search: str, task: Task, seed: int, shards: int, measured: Iterable[int] = ()) -> None:
-        """FarmError for an unknown search name. `measured`: configs no shard may propose."""
+        """FarmError for a bad search spec. `measured`: configs no shard may propose."""
         done = set(measured)
         self.strategies = [shard_search(search, task, seed, s, done) for s in task.space.shards(shards)]
 

@@ -62,7 +62,7 @@ from farm.core import metrics
 from farm.core.costmodel import warm_up
 from farm.core.errors import FarmError, one_line
 from farm.core.measure import MeasureResult, Status
-from farm.core.search import search_class
+from farm.core.search import parse_search
 from farm.core.task import Task
 from scheduler.pool import QUEUE_DEPTH, WorkerPool
 from scheduler.retrain import Retrained, retrain, starting_model
@@ -138,7 +138,7 @@ def run_job(
                          time.monotonic() - start)
                 try:
                     loop = _TaskLoop(store, writer, job_id, row, task, pool, searches, batch_size, report,
-                                     len(measured), should_stop, guided=search_class(search).guided)
+                                     len(measured), should_stop, guided=parse_search(search)[0].guided)
                     status = loop.run(stall_seconds)
                 finally:
                     searches.close()

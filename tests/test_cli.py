@@ -52,6 +52,7 @@ def test_workloads_lists_everything_with_space_sizes() -> None:
     (["tune", "resnet-last-conv", "--target", '{"kind": "cuda", "arch": "volta"}'], "not one the farm compiles for"),
     (["tune", "matmul", "M=4", "N=4", "K=4", "--export", "no/such/dir/best.json"], "does not exist"),
     (["tune", "matmul", "M=4", "N=4", "K=4", "--search", "annealing"], "unknown search"),
+    (["tune", "matmul", "M=4", "N=4", "K=4", "--search", "xgb:screen=-1"], "screen must lie in [1, 1024]"),
     (["tune", "matmul", "M=4", "N=4", "K=4", "--trials", "0"], "trials"),
     (["tune", "matmul", "M=4", "N=4", "K=4", "--target", '{"kind": "llvm", "no-such-attr": 1}'], "not one TVM knows"),
     (["tune", "matmul", "M=4", "N=4", "K=4", "--target", '{"kind": "llvm", "mattr": "+avx2"}'], "a list of strings"),

@@ -67,15 +67,17 @@ def test_two_worker_actors_share_a_job_exactly(pg_url: str, ray_local: None) -> 
     with Scheduler(store) as scheduler:
         assert store.claim_job(scheduler.id, job_id=job_id) == job_id
         assert scheduler.run_job(job_id) == "done"
-        # A search actor that died between jobs is replaced: the pool's next job runs.
+        # A search actor that died between jobs is replaced: the pool's next job runs, its search
+        # spec with options reaching the actors and stored as given.
         import ray
 
         (pool,) = scheduler.pools()
         ray.kill(pool._search_actors[0])
         again = store.submit(JobRequest.build([("matmul", {"M": 32, "N": 48, "K": 48})], "llvm", 8, workers=2,
-                                              batch_size=4, search="xgb"))
+                                              batch_size=4, search="xgb:screen=8,epsilon=0.25"))
         assert scheduler.claim_and_run(again) == "done"
         assert len(store.trials(job_id=again)) == 8
+        assert store.job(again)["search"] == "xgb:screen=8,epsilon=0.25"
     trials = store.trials(job_id=job_id)
     assert len(trials) == 22  # the budget, exactly
     assert trials["config_index"].is_unique  # no config measured twice

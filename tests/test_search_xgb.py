@@ -50,6 +50,16 @@ def test_registered_as_xgb() -> None:
     assert isinstance(make_search("xgb", task, task.space.shards(1)[0]), XGBSearch)
 
 
+def test_a_spec_sets_options() -> None:
+    """`xgb:key=value,...` builds XGBSearch with those options, each of its constructor's type;
+    what a spec leaves out keeps the default."""
+    task = Task(make_workload("matmul", dict(M=8, N=8, K=8)), parse_target("llvm"))
+    search = make_search("xgb:screen=16,epsilon=0.25", task, task.space.shards(1)[0])
+    assert isinstance(search, XGBSearch)
+    assert (search.screen, search.epsilon, search.chains) == (16, 0.25, XGBSearch(task, task.space.shards(1)[0]).chains)
+    assert type(search.screen) is int and type(search.epsilon) is float
+
+
 @pytest.mark.parametrize("screen", [1, 32])
 def test_contract_on_a_large_space_with_and_without_a_model(resnet_cuda: tuple[Task, CostModel], screen: int) -> None:
     """Never a config twice, never one measured elsewhere, only valid ones, only its shard's."""

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from farm.core.errors import FarmError, brief
-from farm.core.search import search_class
+from farm.core.search import parse_search
 from farm.core.targets import TargetSpec, parse_target
 from farm.core.task import Task
 from farm.core.workloads import Workload, make_workload
@@ -66,7 +66,8 @@ class JobRequest:
         The one place a job spec is checked, before anything is written: a workload is a
         Workload, a preset or workload name, or (name, {param: value}) (each checked by
         farm.core.workloads, extents included); `target` by farm.core.targets.parse_target;
-        `trials` an int in [number of workloads, MAX_TRIALS]; `workers` in [1, MAX_WORKERS];
+        `trials` an int in [number of workloads, MAX_TRIALS]; `search` a spec that
+        farm.core.search.parse_search accepts; `workers` in [1, MAX_WORKERS];
         `batch_size` in [1, MAX_BATCH_SIZE]; `seed` in [0, MAX_SEED]; `rpc_keys` a list of
         distinct keys matching RPC_KEY (at most MAX_WORKERS); `name` at most MAX_NAME_CHARS
         printable characters. Every task must have a template whose space is within
@@ -85,7 +86,7 @@ class JobRequest:
         _integer(seed, "seed", 0, MAX_SEED)
         if trials < len(wls):
             raise FarmError(f"{trials} trials cannot cover {len(wls)} workloads: give at least one each")
-        search_class(search)
+        parse_search(search)
         keys = [_rpc_key(key) for key in _sequence(rpc_keys, "rpc_keys", MAX_WORKERS)]
         if len(set(keys)) != len(keys):
             raise FarmError(f"rpc_keys {brief(keys)} name a device twice")

@@ -9,6 +9,10 @@ Contract for every strategy:
   reproducible given its seed.
 - `set_model(model)` hands a strategy the cost model retrained after each round (farm.core.costmodel);
   every strategy takes it, model-free ones ignore it.
+
+A job names its search by a spec: a strategy's name, optionally with options of that strategy
+(`OPTIONS`), as `name:key=value,key=value` (`xgb:screen=16,epsilon=0.25`). `parse_search` is the
+one check of specs; the job stores the spec as given, so a run's settings stay with its trials.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import random
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from functools import lru_cache
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
@@ -47,6 +51,8 @@ QUICK_BUILD: dict[str, KnobValue] = {"auto_unroll_max_step": 0}
 # quick-building until then, and each of the 20 fastest configs of resnet-last-conv in those jobs
 # unrolls, so the model-guided search started behind random search (kernels-2026-11-26b.md).
 QUICK_FIRST = 16
+# The longest search spec: a job stores it in a 32-character column (db.models.Job.search).
+MAX_SEARCH_CHARS = 32
 
 
 class SearchStrategy(ABC):
@@ -56,6 +62,8 @@ class SearchStrategy(ABC):
     # Whether its proposals follow the cost model: the tuning loop then waits for a first model
     # before it proposes beyond a round of unguided configs (scheduler.tuner).
     guided = False
+    # The keyword arguments of its constructor a search spec may set: name -> (type, least, most).
+    OPTIONS: ClassVar[dict[str, tuple[type, float, float]]] = {}
 
     def __init__(self, task: Task, shard: Shard, seed: int = 0) -> None:
         self.task, self.shard = task, shard
@@ -196,6 +204,9 @@ class XGBSearch(RandomSearch):
 
     name = "xgb"
     guided = True
+    OPTIONS: ClassVar[dict[str, tuple[type, float, float]]] = {
+        "epsilon": (float, 0.0, 1.0), "screen": (int, 1, 1024), "chains": (int, 1, 4096), "steps": (int, 1, 1024),
+        "min_distance": (int, 0, 64), "plan_size": (int, 1, 1024), "quick_first": (int, 0, 1024)}
 
     def __init__(self, task: Task, shard: Shard, seed: int = 0, *, epsilon: float = 0.5, screen: int = 32,
                  chains: int = 256, steps: int = 64, min_distance: int = 2, plan_size: int = 32,
@@ -454,14 +465,39 @@ def _primes(n: int) -> list[int]:
 STRATEGIES: dict[str, type[SearchStrategy]] = {s.name: s for s in (RandomSearch, GridSearch, XGBSearch)}
 
 
-def search_class(name: str) -> type[SearchStrategy]:
-    """The strategy called `name`; FarmError for an unknown name (the one check of search names)."""
-    try:
-        return STRATEGIES[name]
-    except (KeyError, TypeError):
-        raise FarmError(f"unknown search {name!r}; choose one of {', '.join(STRATEGIES)}") from None
+def parse_search(spec: str) -> tuple[type[SearchStrategy], dict[str, int | float]]:
+    """The strategy and options a search spec names (`xgb`, `xgb:screen=16,epsilon=0.25`; see the
+    module docstring). FarmError for anything else: an unknown strategy or option, an option given
+    twice, a value not of its type or out of its range, a spec over MAX_SEARCH_CHARS."""
+    if not isinstance(spec, str):
+        raise FarmError(f"a search is a string such as 'xgb', got {type(spec).__name__}")
+    if len(spec) > MAX_SEARCH_CHARS:
+        raise FarmError(f"a search spec is at most {MAX_SEARCH_CHARS} characters, got {len(spec)}: {spec!r}")
+    name, _, given = spec.partition(":")
+    strategy = STRATEGIES.get(name)
+    if strategy is None:
+        raise FarmError(f"unknown search {name!r}; choose one of {', '.join(STRATEGIES)}")
+    known = ", ".join(strategy.OPTIONS) or "none"
+    options: dict[str, int | float] = {}
+    for item in given.split(",") if given else []:
+        key, eq, text = item.partition("=")
+        if key not in strategy.OPTIONS:
+            raise FarmError(f"unknown option {key!r} of search {name!r} (in {spec!r}); its options: {known}")
+        if not eq or key in options:
+            raise FarmError(f"search {spec!r}: give each option once, as {key}=VALUE")
+        kind, least, most = strategy.OPTIONS[key]
+        try:
+            value = kind(text)
+        except ValueError:
+            raise FarmError(f"search {spec!r}: {key} takes {'an integer' if kind is int else 'a number'}, "
+                            f"got {text!r}") from None
+        if not least <= value <= most:  # also refuses nan
+            raise FarmError(f"search {spec!r}: {key} must lie in [{least:g}, {most:g}], got {text}")
+        options[key] = value
+    return strategy, options
 
 
-def make_search(name: str, task: Task, shard: Shard, seed: int = 0) -> SearchStrategy:
-    """The strategy called `name` for one shard; FarmError for an unknown name."""
-    return search_class(name)(task, shard, seed)
+def make_search(spec: str, task: Task, shard: Shard, seed: int = 0) -> SearchStrategy:
+    """The strategy a search spec names, with its options, for one shard; FarmError for a bad spec."""
+    strategy, options = parse_search(spec)
+    return strategy(task, shard, seed, **options)
