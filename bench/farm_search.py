@@ -2,31 +2,36 @@
 the best latency, and the best latency at each budget.
 
     python bench/farm_search.py [--workload resnet-last-conv] [--params k=v ...] [--target cuda]
-                                [--seeds 3] [--trials 128] [--random-trials 384] [--random-seeds 3]
-                                [--history STORE] [--out DIR] [--json FILE]
+                                [--search xgb [xgb:screen=16 ...]] [--seeds 3] [--trials 128]
+                                [--random-trials 384] [--random-seeds 3] [--history STORE]
+                                [--out DIR] [--json FILE]
 
 Every run is a `python -m farm tune` process on the embedded defaults (local Ray, RPC tracker and
-server, SQLite), each in a new store so that no run learns from another: `--seeds` runs with
-`--search xgb` of `--trials` each (seeds 0, 1, ...), then `--random-seeds` runs with `--search
-random` of `--random-trials` each (seeds 1000, 1001, ...). With `--history STORE` (a SQLite store
-of an earlier job of the same family on other shapes, such as another run's OUT/xgb-0.db) each xgb
-run's store starts as a copy of it instead: the run starts from that family's cost model and
-trials, as a job on a farm that has tuned before does (farm.core.costmodel: one model per family,
-all shapes). The store must hold a model of the family and no trial of the shape tuned here, or the
-script stops before any run.
+server, SQLite), each in a new store so that no run learns from another: for each model-guided
+search spec of `--search` (default xgb; with options, `xgb:screen=16`: farm.core.search), `--seeds`
+runs of `--trials` each (seeds 0, 1, ...; stores OUT/xgb-0.db, OUT/xgb-screen16-0.db, ...), then
+`--random-seeds` runs with `--search random` of `--random-trials` each (seeds 1000, 1001, ...), the
+one baseline every spec is measured against: several specs in one invocation compare settings
+on one device, in one session. With `--history STORE` (a SQLite store of an earlier job of the
+same family on other shapes, such as another run's OUT/xgb-0.db) each guided run's store starts as
+a copy of it instead: the run starts from that family's cost model and trials, as a job on a farm
+that has tuned before does (farm.core.costmodel: one model per family, all shapes). The store must
+hold a model of the family and no trial of the shape tuned here, or the script stops before any
+run.
 (bench/costmodel_search.py compares the two searches on memoised measurements of a local device
 instead; this script measures what a user of `farm tune` gets, pipelining and all.)
 
 A random search run is a uniform sample of valid configs without replacement, so besides its own
 curve, its trials to a threshold are given as the expectation over orders, (R + 1) / (k + 1) for
 k hits among its R trials (a lower bound, "> R", when k = 0), the random runs' samples pooled.
-Thresholds: best / 0.95 and best / 0.90, best being the fastest latency any run measured. Also
-the xgb runs' budget against the trials random search needed for the xgb runs' median best. And
-issue 15's measure: per random run, the trials the xgb runs need (their median) to reach that
-run's best against the expected trials to it in that run's own sample, and the median of those
-ratios over the random runs (one random run's best is one seed's luck: a fixed seed found the
-same fast kernel early on every H200 it ran on, docs/benchmarks/kernels-2026-11-27b.md).
-Writes the curves' plot to OUT/curves.png and, with --json, every figure.
+Per spec: thresholds best / 0.95 and best / 0.90, best being the fastest latency any run
+measured; the guided runs' budget against the trials random search needed for their median best;
+and issue 15's measure: per random run, the trials the guided runs need (their median) to reach
+that run's best against the expected trials to it in that run's own sample, and the median of
+those ratios over the random runs (one random run's best is one seed's luck: a fixed seed found
+the same fast kernel early on every H200 it ran on, docs/benchmarks/kernels-2026-11-27b.md).
+Writes the curves' plot to OUT/curves.png and, with --json, every figure (per spec under
+"searches", every run's trials under "runs").
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from costmodel_common import add_workload_arguments, farm_curve, farm_tune, tria
 from db.store import open_store
 from farm.core.errors import FarmError
 from farm.core.jobspec import JobRequest, family_key
+from farm.core.search import parse_search
 from farm.core.workloads import Workload, make_workload
 from farm.report import Curve, plot_curves
 
@@ -51,6 +57,12 @@ def expected_random_trials(latency_us: np.ndarray, threshold: float) -> tuple[fl
     """(expected trials of a random order of the sample to reach `threshold`, hits in the sample)."""
     hits = int((latency_us <= threshold).sum())
     return (len(latency_us) + 1) / (hits + 1), hits
+
+
+def run_name(spec: str) -> str:
+    """A search spec as a file name's stem: `xgb` stays `xgb` (OUT/xgb-0.db, as --history's help
+    says), `xgb:screen=16,epsilon=0.25` becomes `xgb-screen16-epsilon0.25`."""
+    return spec.replace(":", "-").replace(",", "-").replace("=", "")
 
 
 def check_history(history: Path, workload: Workload, target: str) -> str:
@@ -72,25 +84,92 @@ def check_history(history: Path, workload: Workload, target: str) -> str:
     return f"{len(trials)} trials of {trials['workload_key'].nunique()} other shape(s) of {family}"
 
 
+def guided_figures(spec: str, curves: list[np.ndarray], random_samples: list[np.ndarray], best: float,
+                   trials: int) -> dict:
+    """The figures of one guided search's runs (their best-so-far curves, µs, inf before a first
+    result) against the random runs' samples (µs per trial, inf where failed), `best` the fastest
+    latency of any run; printed, one line each, and returned for the JSON."""
+    # The random runs are independent uniform samples: pooled, they estimate random search's
+    # trials to a latency better than one run does.
+    pooled = np.concatenate(random_samples)
+    figures: dict = {"thresholds": {}}
+    for fraction in (0.95, 0.90):
+        threshold = best / fraction
+        guided = [trials_to(c, threshold) for c in curves]
+        guided_median = statistics.median(guided) if all(t is not None for t in guided) else None
+        expected, hits = expected_random_trials(pooled, threshold)
+        ratio = expected / guided_median if guided_median and hits else None
+        figures["thresholds"][str(fraction)] = {"guided_trials": guided, "guided_median": guided_median,
+                                                "random_hits": hits, "random_expected": expected, "ratio": ratio}
+        random_text = f"{expected:.0f} expected ({hits} hits in {len(pooled)})" if hits else f"> {len(pooled)} (no hit)"
+        bound = f"{ratio:.1f}x" if ratio else (f"> {len(pooled) / guided_median:.1f}x" if guided_median else "n/a")
+        print(f"  {spec} to {fraction:.0%} of best ({threshold:.2f} µs): {guided} (median {guided_median}), "
+              f"random {random_text}: {bound} fewer trials with the model")
+    # Issue 15's measure, once per random run: the trials the guided runs need to reach that run's
+    # best, against the trials a random order of that run's sample needs to reach it (its
+    # expectation, as above); then the median over the random runs, so that no one random run's
+    # luck sets the bar. A guided run that never got there counts as more than its budget, so the
+    # median is one while most did; a random run whose guided median is such a bound counts as a
+    # ratio of 0, and of an even number of random runs the lower middle ratio is the median.
+    comparisons = []
+    for seed, sample in enumerate(random_samples, start=1000):
+        random_best = float(np.min(sample))
+        guided = [trials_to(c, random_best) for c in curves]
+        median = statistics.median(math.inf if t is None else t for t in guided)
+        expected, hits = expected_random_trials(sample, random_best)
+        ratio = None if math.isinf(median) else expected / median
+        comparisons.append({"random_seed": seed, "latency_us": random_best, "guided_trials": guided,
+                            "guided_median": None if math.isinf(median) else median, "random_hits": hits,
+                            "random_expected": expected, "ratio": ratio})
+        print(f"  {spec} to random seed {seed}'s best ({random_best:.2f} µs): {guided} (median "
+              + (f"> {trials}" if ratio is None else f"{median:.0f}")
+              + f"), random {expected:.1f} expected ({hits} of its {len(sample)} there): "
+              + (f"< {expected / trials:.1f}x" if ratio is None else f"{ratio:.2f}x")
+              + " fewer trials with the model")
+    median_ratio = statistics.median_low(c["ratio"] or 0.0 for c in comparisons)
+    figures["to_random_best"] = comparisons
+    figures["to_random_best_median_ratio"] = median_ratio or None
+    print(f"  {spec} to random's best, median over {len(comparisons)} random run(s): "
+          + (f"{median_ratio:.2f}x" if median_ratio else "n/a (the median random run's best was not reached "
+             f"by most of its runs in {trials} trials)") + " fewer trials with the model")
+    # The other way round: what the guided runs reach at their budget, and what random search needs for it.
+    final = statistics.median(float(c[-1]) for c in curves)
+    expected, hits = expected_random_trials(pooled, final)
+    figures["median_final_us"] = final
+    figures["random_trials_for_median_final"] = {"expected": expected, "hits": hits}
+    print(f"  {spec} median best after {trials} trials: {final:.2f} µs; random search "
+          + (f"needs {expected:.0f} trials expected ({hits} hits in {len(pooled)})" if hits
+             else f"never got there in {len(pooled)}"))
+    return figures
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_workload_arguments(parser)
-    parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--trials", type=int, default=128, help="trials of each xgb run")
+    parser.add_argument("--search", nargs="+", default=["xgb"], metavar="SPEC",
+                        help="model-guided search specs to run, each --seeds times (farm tune --search: xgb, "
+                        "xgb:screen=16, ...), against the same random runs")
+    parser.add_argument("--seeds", type=int, default=3, help="runs of each --search spec (seeds 0, 1, ...)")
+    parser.add_argument("--trials", type=int, default=128, help="trials of each guided run")
     parser.add_argument("--random-trials", type=int, default=384)
     parser.add_argument("--random-seeds", type=int, default=3, help="random runs (seeds 1000, 1001, ...)")
-    parser.add_argument("--history", type=Path, help="a store of other shapes of the family each xgb run starts "
+    parser.add_argument("--history", type=Path, help="a store of other shapes of the family each guided run starts "
                         "from (a copy of it); default: a new store")
     parser.add_argument("--out", type=Path, default=Path("/tmp/farm-search"))
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     workload = make_workload(args.workload, dict(p.split("=", 1) for p in args.params) or None)
     try:
+        for spec in args.search:
+            if not parse_search(spec)[0].guided:
+                raise FarmError(f"--search {spec}: not a model-guided search; the random runs are --random-seeds")
+        if len(set(args.search)) != len(args.search):
+            raise FarmError(f"--search {' '.join(args.search)}: a spec given twice")
         history = check_history(args.history, workload, args.target) if args.history else None
     except FarmError as e:
         raise SystemExit(f"farm_search: {e}") from None
     args.out.mkdir(parents=True, exist_ok=True)
-    print(f"{workload} on {args.target}: {args.seeds} xgb runs of {args.trials} trials"
+    print(f"{workload} on {args.target}: {args.seeds} runs of {args.trials} trials of {', '.join(args.search)}"
           + (f", each starting from {history}" if history else "") + f", random search {args.random_trials}",
           flush=True)
     runs = []
@@ -112,69 +191,22 @@ def main() -> None:
         print(f"  {search} seed {seed}: best {np.nanmin(curve):.2f} µs in {seconds:.0f} s", flush=True)
         return np.nan_to_num(latency, nan=np.inf)
 
-    for seed in range(args.seeds):
-        run("xgb", seed, args.trials, f"xgb-{seed}", args.history)
-    # Seeds 1000, 1001, ...: xgb runs start as random search with their own seed until a model
+    for spec in args.search:
+        for seed in range(args.seeds):
+            run(spec, seed, args.trials, f"{run_name(spec)}-{seed}", args.history)
+    # Seeds 1000, 1001, ...: guided runs start as random search with their own seed until a model
     # exists, and would share their first configs with a random run of the same seed.
     random_samples = [run("random", seed, args.random_trials, f"random-{seed}")
                       for seed in range(1000, 1000 + args.random_seeds)]
-    # The random runs are independent uniform samples: pooled, they estimate random search's
-    # trials to a latency better than one run does.
-    pooled = np.concatenate(random_samples)
 
     best = min(float(np.nanmin(r["curve_us"])) for r in runs)
-    xgb_curves = [np.nan_to_num(r["curve_us"], nan=np.inf) for r in runs if r["search"] == "xgb"]
-    figures: dict = {"workload": str(workload), "target": args.target, "history": history, "best_us": best,
-                     "thresholds": {},
-                     "runs": [{**r, "curve_us": [None if np.isnan(v) else v for v in r["curve_us"]]} for r in runs]}
     print(f"best of all runs: {best:.2f} µs")
-    for fraction in (0.95, 0.90):
-        threshold = best / fraction
-        xgb = [trials_to(c, threshold) for c in xgb_curves]
-        xgb_median = statistics.median(xgb) if all(t is not None for t in xgb) else None
-        expected, hits = expected_random_trials(pooled, threshold)
-        ratio = expected / xgb_median if xgb_median and hits else None
-        figures["thresholds"][str(fraction)] = {"xgb_trials": xgb, "xgb_median": xgb_median, "random_hits": hits,
-                                                "random_expected": expected, "ratio": ratio}
-        random_text = f"{expected:.0f} expected ({hits} hits in {len(pooled)})" if hits else f"> {len(pooled)} (no hit)"
-        bound = f"{ratio:.1f}x" if ratio else (f"> {len(pooled) / xgb_median:.1f}x" if xgb_median else "n/a")
-        print(f"  to {fraction:.0%} of best ({threshold:.2f} µs): xgb {xgb} (median {xgb_median}), "
-              f"random {random_text}: {bound} fewer trials with the model")
-    # Issue 15's measure, once per random run: the trials the xgb runs need to reach that run's best,
-    # against the trials a random order of that run's sample needs to reach it (its expectation, as
-    # above); then the median over the random runs, so that no one random run's luck sets the bar.
-    # An xgb run that never got there counts as more than its budget, so the xgb median is one
-    # while most did; a random run whose xgb median is such a bound counts as a ratio of 0, and of
-    # an even number of random runs the lower middle ratio is the median.
-    comparisons = []
-    for seed, sample in enumerate(random_samples, start=1000):
-        random_best = float(np.min(sample))
-        xgb = [trials_to(c, random_best) for c in xgb_curves]
-        median = statistics.median(math.inf if t is None else t for t in xgb)
-        expected, hits = expected_random_trials(sample, random_best)
-        ratio = None if math.isinf(median) else expected / median
-        comparisons.append({"random_seed": seed, "latency_us": random_best, "xgb_trials": xgb,
-                            "xgb_median": None if math.isinf(median) else median, "random_hits": hits,
-                            "random_expected": expected, "ratio": ratio})
-        print(f"  to random seed {seed}'s best ({random_best:.2f} µs): xgb {xgb} (median "
-              + (f"> {args.trials}" if ratio is None else f"{median:.0f}")
-              + f"), random {expected:.1f} expected ({hits} of its {len(sample)} there): "
-              + (f"< {expected / args.trials:.1f}x" if ratio is None else f"{ratio:.2f}x")
-              + " fewer trials with the model")
-    median_ratio = statistics.median_low(c["ratio"] or 0.0 for c in comparisons)
-    figures["to_random_best"] = comparisons
-    figures["to_random_best_median_ratio"] = median_ratio or None
-    print(f"  to random's best, median over {len(comparisons)} random run(s): "
-          + (f"{median_ratio:.2f}x" if median_ratio else "n/a (the median random run's best was not reached "
-             f"by most xgb runs in {args.trials} trials)") + " fewer trials with the model")
-    # The other way round: what the xgb runs reach at their budget, and what random search needs for it.
-    xgb_final = statistics.median(float(c[-1]) for c in xgb_curves)
-    expected, hits = expected_random_trials(pooled, xgb_final)
-    figures["xgb_median_final_us"] = xgb_final
-    figures["random_trials_for_xgb_median_final"] = {"expected": expected, "hits": hits}
-    print(f"  xgb median best after {args.trials} trials: {xgb_final:.2f} µs; random search "
-          + (f"needs {expected:.0f} trials expected ({hits} hits in {len(pooled)})" if hits
-             else f"never got there in {len(pooled)}"))
+    figures: dict = {"workload": str(workload), "target": args.target, "history": history, "best_us": best,
+                     "searches": {spec: guided_figures(spec, [np.nan_to_num(r["curve_us"], nan=np.inf)
+                                                              for r in runs if r["search"] == spec],
+                                                       random_samples, best, args.trials)
+                                  for spec in args.search},
+                     "runs": [{**r, "curve_us": [None if np.isnan(v) else v for v in r["curve_us"]]} for r in runs]}
     label = f"{workload} on {args.target}"
     plot = plot_curves([Curve(f"{r['search']} seed {r['seed']} ({r['wall_s']:.0f} s)", label, r["curve_us"])
                         for r in runs], args.out / "curves.png")

@@ -90,7 +90,7 @@ def main() -> None:
     if any("config_index" not in r for r in runs):
         raise SystemExit(f"search_screening: {args.runs} has runs without config_index; it needs the JSON of "
                          "bench/farm_search.py of this version or later")
-    xgb = [r for r in runs if r["search"] == "xgb"]
+    xgb = [r for r in runs if r["search"] != "random"]  # every guided spec's runs
     random_runs = [r for r in runs if r["search"] == "random"]
     fast_us = args.fast_us or statistics.median(min(v for v in r["latency_us"] if v is not None) for r in random_runs)
     measured_uniform = [r for r in random_runs if len(r["config_index"]) >= 100]
@@ -116,8 +116,8 @@ def main() -> None:
             own = [(v, i) for i, v in zip(run["config_index"][:n], run["latency_us"][:n], strict=True) if v is not None]
             own_best_us, own_best = min(own)
             own_pct = np.searchsorted(uniform_scores, scores(model, task, [own_best])[0]) / len(uniform)
-            line = (f"  xgb seed {run['seed']}, trained on {n}: own best {own_best_us:.2f} µs at percentile "
-                    f"{own_pct:.3f}")
+            line = (f"  {run['search']} seed {run['seed']}, trained on {n}: own best {own_best_us:.2f} µs at "
+                    f"percentile {own_pct:.3f}")
             if fast:
                 pct = np.searchsorted(uniform_scores, scores(model, task, fast)) / len(uniform)
                 held = ", ".join(f"top {q:.0%} holds {np.mean(pct >= 1 - q):.0%} ({np.mean(pct >= 1 - q) / q:.1f}x)"
