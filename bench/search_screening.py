@@ -2,7 +2,7 @@
 
     python bench/search_screening.py RUNS.json [--workload resnet-last-conv] [--params k=v ...]
                                      [--target cuda] [--train 32 64 96] [--fast-us 18] [--uniform 5000]
-                                     [--screen 16 32 64] [--near 1.10]
+                                     [--screen 16 32 64] [--near 1.10] [--xgb-param KEY=VALUE ...]
 
 RUNS.json is bench/farm_search.py's JSON (its runs' `config_index` and `latency_us`). For each xgb
 run and each n of `--train`, a model is trained as the farm trains it (farm.core.costmodel.train)
@@ -26,6 +26,10 @@ Then, against that sample's scores:
   sample of S configs resolves N well below S (the best of N is about its top 1/N).
   Then, per n and N, the mean of those chances over the xgb runs.
 
+`--xgb-param KEY=VALUE ...` trains with those XGBoost parameters over the farm's
+(farm.core.costmodel.XGB_PARAMS; a value is read as JSON where it parses, else as a string): a
+study of the model itself, on the same trials.
+
 Reads only; measures nothing. Prints one line per run and n, and the means.
 """
 
@@ -40,7 +44,7 @@ import numpy as np
 import pandas as pd
 from costmodel_common import add_workload_arguments
 
-from farm.core.costmodel import CostModel, train
+from farm.core.costmodel import XGB_PARAMS, CostModel, train
 from farm.core.features import featurizer
 from farm.core.jobspec import JobRequest
 from farm.core.search import RandomSearch
@@ -83,7 +87,16 @@ def main() -> None:
     parser.add_argument("--screen", type=int, nargs="+", default=[16, 32, 64], help="screen sizes N: the "
                         "chance that the best-scored of N uniform configs is fast")
     parser.add_argument("--near", type=float, default=1.10, help="'near fast': latency at most this times fast")
+    parser.add_argument("--xgb-param", nargs="+", default=[], metavar="KEY=VALUE",
+                        help="XGBoost parameters over the farm's, for a study of the model (max_depth=3)")
     args = parser.parse_args()
+    for item in args.xgb_param:
+        key, _, text = item.partition("=")
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError:
+            value = text
+        XGB_PARAMS[key] = value  # this process only: the study's models, not the farm's
     workload = make_workload(args.workload, dict(p.split("=", 1) for p in args.params) or None)
     (task,) = JobRequest.build([workload], args.target, 1).tasks
     runs = json.loads(args.runs.read_text())["runs"]
@@ -102,6 +115,7 @@ def main() -> None:
         uniform = RandomSearch(task, task.space.shards(1)[0], seed=99).propose(args.uniform)
         uniform_us = None
         source = f"{len(uniform)} uniform valid configs"
+    print(f"model: XGBoost {XGB_PARAMS}")
     print(f"{workload} on {args.target}: fast = at most {fast_us:.2f} µs, near = at most "
           f"{fast_us * args.near:.2f} µs; scored against {source}")
     means: dict[tuple[int, int], list[tuple[float, float]]] = {}  # (n, N) -> per run (fast, near) chances
