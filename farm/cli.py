@@ -166,7 +166,7 @@ def submit(
     trials: Annotated[int, typer.Option(min=1, help="Measurements in all, spread over the workloads.")] = 64,
     db: DbOption = None,
     workers: Annotated[int, typer.Option(min=1, help="Devices (worker actors) to measure on.")] = 1,
-    search: Annotated[str, typer.Option(help="Search strategy (see farm tune --help).")] = "xgb",
+    search: Annotated[str, typer.Option(help="Search strategy and its options (see farm tune --help).")] = "xgb",
     seed: Annotated[int, typer.Option(help="Seed of the search.")] = 0,
     rpc_key: Annotated[list[str] | None, typer.Option(
         help="Measure on a device that runs only a TVM RPC server registered under this key "

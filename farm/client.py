@@ -153,7 +153,9 @@ class Client:
                name: str = "") -> Job:
         """Queue a job tuning `workloads` (names, presets, Workloads or (name, params)) for
         `target` with `trials` measurements in all. Raises FarmError for bad input, having
-        written nothing. `rpc_keys` measures on devices that run only a TVM RPC server."""
+        written nothing. `search` is a search spec, a strategy's name with options or without
+        (`xgb`, `xgb:screen=16,epsilon=0.25`: farm.core.search). `rpc_keys` measures on devices
+        that run only a TVM RPC server."""
         request = JobRequest.build(workloads, target, trials, search=search, workers=workers, seed=seed,
                                    batch_size=batch_size, rpc_keys=rpc_keys, name=name)
         job = Job(self, self.store.submit(request))
