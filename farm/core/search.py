@@ -191,10 +191,11 @@ class XGBSearch(RandomSearch):
     70%). With half and best of 16, each case's median run of three beat the median of three
     random runs of 512 within 171 trials on conv2d 1x256x14x14 and matmul 1024³, not on
     resnet-last-conv (kernels-2026-11-27c.md); there, on the random runs' 1,536 configs, a
-    best-of-32 pick was within a tenth of random's median best 1.1 to 1.6 times as often as a
-    best-of-16 one for a model trained on 64 to 128 trials, on all three cases (mean over each
-    case's three runs, 1.03 to 1.6 times; on 32 trials, 0.8 to 1.3 times); best of 64 gained on
-    matmul and lost on the convolutions' early models. Not yet measured on a GPU at 32.
+    best-of-32 pick was within a tenth of random's median best 1.03 to 1.6 times as often as a
+    best-of-16 one for a model trained on 64 to 128 trials, on all three cases (means over each
+    case's three runs; on 32 trials, 0.8 to 1.3 times); best of 64 gained on matmul and lost on
+    the convolutions' early models. At 32, three resnet-last-conv runs on an H100 ended at 17.41,
+    15.02 and 15.02 µs (at 16: 22.95, 15.83, 18.10), not yet against random runs of their session.
     Earlier, with uniform picks
     (`screen` 1): a twentieth left two of three resnet-last-conv runs at 20.6 and 23.4 µs, a sixth
     let two of three reach 14.6 and 15.8 µs (kernels-2026-11-27.md): exploration paid even when
