@@ -60,8 +60,8 @@ def expected_random_trials(latency_us: np.ndarray, threshold: float) -> tuple[fl
 
 
 def run_name(spec: str) -> str:
-    """A search spec as a file name's stem: `xgb` stays `xgb` (OUT/xgb-0.db, as --history's help
-    says), `xgb:screen=16,epsilon=0.25` becomes `xgb-screen16-epsilon0.25`."""
+    """A search spec as a file name's stem: `xgb` stays `xgb` (OUT/xgb-0.db, the store another
+    run's --history is given), `xgb:screen=16,epsilon=0.25` becomes `xgb-screen16-epsilon0.25`."""
     return spec.replace(":", "-").replace(",", "-").replace("=", "")
 
 
