@@ -10,6 +10,7 @@ from workers.builder import BuildResult, build_one
 
 HANG, CRASH = 3, 5  # config indices that hang and crash the compiler process
 SLOW, SLOW_SECONDS = 7, 6.0  # a config index that paced_build takes this long to build
+SPIN_SECONDS = 1.0  # the CPU time spinning_build computes for
 
 
 def faulty_build(task_json: str, index: int, out_dir: str) -> BuildResult:
@@ -27,6 +28,15 @@ def paced_build(task_json: str, index: int, out_dir: str) -> BuildResult:
     if index == SLOW:
         time.sleep(SLOW_SECONDS)
     return BuildResult(index, {})
+
+
+def spinning_build(task_json: str, index: int, out_dir: str) -> BuildResult:
+    """A build that computes for SPIN_SECONDS of its own CPU time (wall time passes without it
+    while its process is stopped), then reports the wall seconds it took; nothing is compiled."""
+    wall, cpu = time.monotonic(), time.process_time()
+    while time.process_time() - cpu < SPIN_SECONDS:
+        pass
+    return BuildResult(index, {}, info={"wall_seconds": time.monotonic() - wall})
 
 
 def warm_build_state(task_json: str, index: int, out_dir: str) -> BuildResult:

@@ -17,7 +17,7 @@ from farm.core.measure import Status
 from farm.core.targets import parse_target
 from farm.core.task import Task
 from farm.core.workloads import make_workload
-from tests.build_faults import CRASH, HANG, SLOW, SLOW_SECONDS, faulty_build, paced_build
+from tests.build_faults import CRASH, HANG, SLOW, SLOW_SECONDS, SPIN_SECONDS, faulty_build, paced_build, spinning_build
 from workers import builder
 from workers.builder import STRAGGLER_SAMPLES, BuildResult, ProcessPoolBuilder
 
@@ -117,6 +117,25 @@ def _compile_as_a_gpu_node(monkeypatch: pytest.MonkeyPatch, source_of: Any = Non
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (CUDA's compiler) on this machine")
+def test_paused_builds_stop_and_their_time_limits_wait() -> None:
+    """`paused` stops every build process (its state is T, stopped) and continues them after;
+    a build stopped past its time limit is not a timeout: the pause does not count."""
+    pause = 5.0  # past the time limit: without the pause left out, the build would time out stopped
+    with ProcessPoolBuilder(workers=1, timeout=SPIN_SECONDS + 3, build=spinning_build) as builder:
+        assert builder.build(TASK, [0])[0].ok  # the slot's process is up
+        (pid,) = [proc.pid for proc in builder._procs.values()]
+        (future,) = builder.submit(TASK, [1])
+        time.sleep(0.2)  # the build is computing
+        with builder.paused():
+            time.sleep(0.2)
+            assert Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] == "T"
+            time.sleep(pause - 0.2)
+        result = future.result(timeout=30)
+        assert Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "T"
+    assert result.ok, result.error
+    assert result.info["wall_seconds"] >= SPIN_SECONDS + pause - 0.2  # it was stopped for the pause
+
+
 def test_device_code_is_compiled_once_where_tvm_compiles_it_and_where_it_does_not(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     sch = _valid_cuda_schedule()

@@ -28,6 +28,7 @@ import os
 import queue
 import re
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -38,7 +39,7 @@ import traceback
 import warnings
 from collections import deque
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from functools import lru_cache
 from multiprocessing.connection import Connection
@@ -372,6 +373,10 @@ class Builder(Protocol):
 
     def build(self, task: Task, indices: list[int]) -> list[BuildResult]: ...
 
+    def paused(self) -> AbstractContextManager[None]:
+        """Every build stopped while the block runs (a kernel timed on this node's CPU then has
+        its cores), each build's time limit extended by the pause; builds go on after it."""
+
     def close(self) -> None: ...
 
 
@@ -390,10 +395,23 @@ BuildFunction = Callable[[str, int, str], BuildResult]
 
 def _serve(conn: Connection, build: BuildFunction) -> None:
     """A build process: `build` each (task_json, index, out_dir) it is sent and send the
-    BuildResult back; "warm" answers once TVM is imported; None ends it."""
+    BuildResult back; "warm" answers once TVM is imported; None ends it. It leads a process group
+    of its own, which the compilers it runs join, so that `ProcessPoolBuilder.paused` stops them
+    with it."""
+    os.setpgid(0, 0)
     _init_pool_process()
     while (message := conn.recv()) is not None:
         conn.send(None if message == "warm" else build(*message))
+
+
+def _signal_group(group: int, sig: signal.Signals) -> bool:
+    """Send `sig` to the process group `group`; False where it has gone (a process replaced or
+    ended meanwhile)."""
+    try:
+        os.killpg(group, sig)
+        return True
+    except ProcessLookupError:
+        return False
 
 
 # A task's stragglers: once STRAGGLER_SAMPLES of its candidates have built, one that takes more
@@ -435,6 +453,8 @@ class ProcessPoolBuilder:
         self._procs: dict[int, BaseProcess] = {}  # slot -> its build process
         self._lock = threading.Lock()
         self._kind = ""  # what the slots will build, once warm() says: their fork server's preload
+        self._paused = 0.0  # seconds the builds have been stopped by `paused`, ended pauses
+        self._pause_start: float | None = None  # monotonic start of the pause under way
 
     @property
     def workers(self) -> int:
@@ -518,6 +538,31 @@ class ProcessPoolBuilder:
         conn.recv()
         return proc, conn
 
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """Every build process stopped (SIGSTOP to its process group: the compilers it runs too)
+        while the block runs, continued after it. Builds' time limits do not count the pause
+        (`_build_in`); their own build seconds do. A process started during the pause is not
+        stopped. Not reentrant: one pause at a time (the worker's device lock holds it)."""
+        with self._lock:
+            groups = [proc.pid for proc in self._procs.values() if proc.pid is not None and proc.is_alive()]
+            self._pause_start = time.monotonic()
+        stopped = [group for group in groups if _signal_group(group, signal.SIGSTOP)]
+        try:
+            yield
+        finally:
+            for group in stopped:
+                _signal_group(group, signal.SIGCONT)
+            with self._lock:
+                assert self._pause_start is not None
+                self._paused += time.monotonic() - self._pause_start
+                self._pause_start = None
+
+    def _paused_so_far(self) -> float:
+        """Seconds the builds have been stopped, the pause under way included."""
+        with self._lock:
+            return self._paused + (time.monotonic() - self._pause_start if self._pause_start is not None else 0.0)
+
     def deadline(self, task_json: str) -> tuple[float, str]:
         """A build of the task's time limit, and why it is that."""
         with self._lock:
@@ -531,20 +576,26 @@ class ProcessPoolBuilder:
     def _build_in(self, proc: BaseProcess, conn: Connection, request: _Request) -> tuple[BuildResult, bool]:
         """The candidate's result from the slot's process, and whether that process must be replaced."""
         limit, why = self.deadline(request.task_json)
-        start = time.monotonic()
+        start, paused_before = time.monotonic(), self._paused_so_far()
         conn.send((request.task_json, request.index, self.dir))
         config = request.task.space.get(request.index).to_json()
-        if not conn.poll(limit):
-            return BuildResult(request.index, config, Status.TIMEOUT, f"build took longer than {why}"), True
+
+        def building() -> float:  # seconds this build has run, pauses left out
+            return time.monotonic() - start - (self._paused_so_far() - paused_before)
+
+        while not conn.poll(max(0.05, limit - building())):  # a pause under way: poll again, not spin
+            if building() >= limit:
+                return BuildResult(request.index, config, Status.TIMEOUT, f"build took longer than {why}"), True
         try:
             result = conn.recv()
         except EOFError:
             return BuildResult(request.index, config, Status.BUILD_ERROR,
                                "the compiler process crashed building this config"), True
         if result.ok:
+            seconds = building()  # before the lock: building() takes it
             with self._lock:
                 window = self._seconds.setdefault(request.task_json, deque(maxlen=STRAGGLER_WINDOW))
-                window.append(time.monotonic() - start)
+                window.append(seconds)
         return result, False
 
     def close(self) -> None:
