@@ -19,6 +19,9 @@
 #               starting from a copy of the store FSEARCH_HISTORY (default: the first xgb run's store of
 #               the fsearch step's first case in OUTDIR, so "fsearch fsearchwarm" runs one after the
 #               other): a job on a farm that tuned other shapes of the family before (--history)
+#   contention  bench/build_contention.py on cuda: a CONTENTION_TRIALS-trial (128) random job of
+#               CONTENTION_CASE (default resnet-last-conv), seeds CONTENTION_SEEDS (0), its latencies against
+#               the same configs measured again with nothing building
 #   retime      VSMS_DIR's two best kernels (an earlier vsms step) checked and timed again
 #   e2e         bench/e2e_throughput.py: E2E_TRIALS trials of resnet-last-conv on E2E_GPUS GPUs,
 #               E2E_SEEDS seeds, busy share, scaling, first trial; timeline PNGs
@@ -117,6 +120,12 @@ for s in $STEPS; do
     fsearchwarm) IFS=';' read -ra first <<< "$FSEARCH_CASES"
                  fsearch fsearchwarm "${FSEARCH_WARM_CASES:?}" \
                    --history "${FSEARCH_HISTORY:-$OUT/fsearch-$(case_name "${first[0]}")/xgb-0.db}" ;;
+    contention) for seed in ${CONTENTION_SEEDS:-0}; do
+                  read -ra words <<< "${CONTENTION_CASE:-resnet-last-conv}"
+                  step "contention-seed$seed" 900 python3 bench/build_contention.py --workload "${words[0]}" \
+                    --params "${words[@]:1}" --target cuda --trials "${CONTENTION_TRIALS:-128}" --seed "$seed" \
+                    --out "$OUT/contention" --json "$OUT/contention-seed$seed.json"
+                done ;;
     retime) step retime 300 python3 bench/vs_metaschedule.py --target cuda --out "${VSMS_DIR:?}" --retime ;;
     e2e) step e2e 3000 python3 bench/e2e_throughput.py --target cuda --trials "$E2E_TRIALS" --gpus $E2E_GPUS \
              --seeds "$E2E_SEEDS" --out "$OUT/e2e" --json "$OUT/e2e.json" ;;
