@@ -33,12 +33,15 @@ from workers.device import LocalDevice
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_workload_arguments(parser, target="llvm")
-    parser.set_defaults(workload="matmul", params=["M=256", "N=256", "K=256"])  # sized for a CPU
+    # matmul 256^3 (sized for a CPU) when nothing is named; another workload keeps its own defaults.
+    parser.set_defaults(workload="matmul", params=None)
     parser.add_argument("--trials", type=int, default=48, help="trials of the job")
     parser.add_argument("--seed", type=int, default=0, help="seed of its random search")
     parser.add_argument("--out", type=Path, default=Path("/tmp/farm-build-contention"))
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    if args.params is None:
+        args.params = ["M=256", "N=256", "K=256"] if args.workload == "matmul" else []
     workload = make_workload(args.workload, dict(p.split("=", 1) for p in args.params) or None)
     (task,) = JobRequest.build([workload], args.target, 1).tasks
     args.out.mkdir(parents=True, exist_ok=True)
