@@ -30,8 +30,11 @@ and issue 15's measure: per random run, the trials the guided runs need (their m
 that run's best against the expected trials to it in that run's own sample, and the median of
 those ratios over the random runs (one random run's best is one seed's luck: a fixed seed found
 the same fast kernel early on every H200 it ran on, docs/benchmarks/kernels-2026-11-27b.md).
+Each guided run's trials say what proposed them (random draws before the first model, then the
+model's plan or its screened exploration: farm.core.search.ORIGINS); per spec it prints which of
+them set each new best and reached each random run's best.
 Writes the curves' plot to OUT/curves.png and, with --json, every figure (per spec under
-"searches", every run's trials under "runs").
+"searches", every run's trials with their origins under "runs").
 """
 
 from __future__ import annotations
@@ -84,10 +87,11 @@ def check_history(history: Path, workload: Workload, target: str) -> str:
     return f"{len(trials)} trials of {trials['workload_key'].nunique()} other shape(s) of {family}"
 
 
-def guided_figures(spec: str, curves: list[np.ndarray], random_samples: list[np.ndarray], best: float,
-                   trials: int) -> dict:
+def guided_figures(spec: str, curves: list[np.ndarray], origins: list[list[str | None]],
+                   random_samples: list[np.ndarray], best: float, trials: int) -> dict:
     """The figures of one guided search's runs (their best-so-far curves, µs, inf before a first
-    result) against the random runs' samples (µs per trial, inf where failed), `best` the fastest
+    result, and what proposed each trial: farm.core.search.ORIGINS, None where the store does not
+    say) against the random runs' samples (µs per trial, inf where failed), `best` the fastest
     latency of any run; printed, one line each, and returned for the JSON."""
     # The random runs are independent uniform samples: pooled, they estimate random search's
     # trials to a latency better than one run does.
@@ -118,14 +122,23 @@ def guided_figures(spec: str, curves: list[np.ndarray], random_samples: list[np.
         median = statistics.median(math.inf if t is None else t for t in guided)
         expected, hits = expected_random_trials(sample, random_best)
         ratio = None if math.isinf(median) else expected / median
+        # What proposed the trial each guided run got there with: the model's plan or its exploration.
+        reached_by = [None if t is None else run[t - 1] for t, run in zip(guided, origins, strict=True)]
         comparisons.append({"random_seed": seed, "latency_us": random_best, "guided_trials": guided,
-                            "guided_median": None if math.isinf(median) else median, "random_hits": hits,
-                            "random_expected": expected, "ratio": ratio})
+                            "reached_by": reached_by, "guided_median": None if math.isinf(median) else median,
+                            "random_hits": hits, "random_expected": expected, "ratio": ratio})
         print(f"  {spec} to random seed {seed}'s best ({random_best:.2f} µs): {guided} (median "
               + (f"> {trials}" if ratio is None else f"{median:.0f}")
-              + f"), random {expected:.1f} expected ({hits} of its {len(sample)} there): "
-              + (f"< {expected / trials:.1f}x" if ratio is None else f"{ratio:.2f}x")
+              + f"; by {', '.join(o or '-' for o in reached_by)}), random {expected:.1f} expected ({hits} of its "
+              + f"{len(sample)} there): " + (f"< {expected / trials:.1f}x" if ratio is None else f"{ratio:.2f}x")
               + " fewer trials with the model")
+    # Which part of the search moved the runs' bests: per origin, the trials that set a new best.
+    improvements: dict[str, int] = {}
+    for curve, run in zip(curves, origins, strict=True):
+        for t in np.nonzero(np.diff(np.concatenate([[np.inf], curve])) < 0)[0]:
+            improvements[run[t] or "unknown"] = improvements.get(run[t] or "unknown", 0) + 1
+    figures["improvements_by_origin"] = improvements
+    print(f"  {spec} new bests by origin: " + ", ".join(f"{o} {n}" for o, n in sorted(improvements.items())))
     median_ratio = statistics.median_low(c["ratio"] or 0.0 for c in comparisons)
     figures["to_random_best"] = comparisons
     figures["to_random_best_median_ratio"] = median_ratio or None
@@ -187,7 +200,8 @@ def main() -> None:
                      # from the JSON alone (a GPU session brings back no store over 8 MB:
                      # bench/gpu_collect.sh), and bench/search_screening.py can study the model on them.
                      "config_index": [int(i) for i in trials["config_index"]],
-                     "latency_us": [None if np.isnan(v) else float(v) for v in latency]})
+                     "latency_us": [None if np.isnan(v) else float(v) for v in latency],
+                     "origin": [o if isinstance(o, str) else None for o in trials["origin"]]})
         print(f"  {search} seed {seed}: best {np.nanmin(curve):.2f} µs in {seconds:.0f} s", flush=True)
         return np.nan_to_num(latency, nan=np.inf)
 
@@ -204,6 +218,7 @@ def main() -> None:
     figures: dict = {"workload": str(workload), "target": args.target, "history": history, "best_us": best,
                      "searches": {spec: guided_figures(spec, [np.nan_to_num(r["curve_us"], nan=np.inf)
                                                               for r in runs if r["search"] == spec],
+                                                       [r["origin"] for r in runs if r["search"] == spec],
                                                        random_samples, best, args.trials)
                                   for spec in args.search},
                      "runs": [{**r, "curve_us": [None if np.isnan(v) else v for v in r["curve_us"]]} for r in runs]}

@@ -160,6 +160,8 @@ class TrialRecord(Base):
     round: Mapped[int] = mapped_column(Integer, default=0)
     # farm.core.measure.MeasureResult.timeline: epoch seconds of build and measurement steps
     timeline: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # farm.core.measure.MeasureResult.origin: what proposed the config; null where unknown
+    origin: Mapped[str | None] = mapped_column(String(16))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 

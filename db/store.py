@@ -79,6 +79,7 @@ TRIAL_COLUMNS = (
     "shard",
     "round",
     "timeline",
+    "origin",
     "created_at",
 )
 _FINISHED = (JobStatus.DONE, JobStatus.FAILED, JobStatus.CANCELLED)

@@ -43,6 +43,7 @@ def trial_row(task_id: int, result: MeasureResult, created_at: datetime) -> dict
         "shard": int(result.shard),
         "round": int(result.round),
         "timeline": result.timeline or None,
+        "origin": result.origin or None,
         "created_at": created_at,
     }
 

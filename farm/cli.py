@@ -376,7 +376,8 @@ def trials(
     as_json: Annotated[bool, typer.Option("--json", help="JSON lines, one trial each.")] = False,
     as_csv: Annotated[bool, typer.Option("--csv", help="CSV with a header row.")] = False,
 ) -> None:
-    """Every trial of a job: config, status, error, latency, worker, device."""
+    """Every trial of a job: config, status, error, latency, what proposed it (random, explore, plan,
+    grid), worker, device."""
     store = _open_store(db, must_exist=True)
     if store.job(job) is None:
         raise FarmError(f"no job {job} in this database")
@@ -390,11 +391,12 @@ def trials(
         frame.to_csv(sys.stdout, index=False)
     else:
         table = Table()
-        for col in ("task", "config", "status", "latency µs", "worker", "device", "error"):
+        for col in ("task", "config", "status", "latency µs", "origin", "worker", "device", "error"):
             table.add_column(col, overflow="fold")
         for row in frame.itertuples():
             latency = "" if row.latency != row.latency or row.latency is None else f"{row.latency * 1e6:.2f}"
-            table.add_row(str(row.task_id), row.config, row.status, latency,
+            origin = row.origin if isinstance(row.origin, str) else ""
+            table.add_row(str(row.task_id), row.config, row.status, latency, origin,
                           row.worker, row.device, (row.error or "")[:80])
         out.print(table)
 

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from db.store import ResultStore
 from farm.core.errors import FarmError, require_folder_of
@@ -132,7 +133,8 @@ def job_rounds(store: ResultStore, job_id: int) -> list[dict[str, Any]]:
 
 
 def rounds_summary(store: ResultStore, job_id: int) -> str:
-    """The job's rounds as text: per task, one line per round (trials, best µs, rank corr, model)."""
+    """The job's rounds as text: per task, one line per round (trials, best µs, rank corr, model),
+    then what proposed its trials (`origins_summary`)."""
     lines = []
     for task in job_rounds(store, job_id):
         lines.append(f"task {task['task_id']}: {task['workload']}")
@@ -145,7 +147,30 @@ def rounds_summary(store: ResultStore, job_id: int) -> str:
             corr = "-" if r["rank_corr"] is None else f"{r['rank_corr']:.2f}"
             model = "-" if r["model_id"] is None else str(r["model_id"])
             lines.append(f"  {r['round']:>5} {r['trials']:>7} {best:>10} {corr:>9} {model:>6}")
+        origins = origins_summary(store.trials(task_id=task["task_id"]))
+        if origins:
+            lines.append(f"  {origins}")
     return "\n".join(lines)
+
+
+def origins_summary(trials: pd.DataFrame) -> str:
+    """What proposed a task's trials (store.trials' frame, in the order measured), in one line:
+    per origin (farm.core.search.ORIGINS) its trials and their best, then which origin found the
+    best and at which trial. Empty when no trial says (stored before origins were kept)."""
+    known = trials[trials["origin"].notna()]
+    if known.empty:
+        return ""
+    parts = []
+    for origin, group in known.groupby("origin", sort=False):
+        best = group["latency"].min()
+        parts.append(f"{origin} {len(group)}" + ("" if pd.isna(best) else f" (best {best * 1e6:.2f} µs)"))
+    ok = trials["latency"].notna()
+    found = ""
+    if ok.any():
+        at = int(np.argmin(trials["latency"].where(ok, np.inf).to_numpy()))
+        origin = trials["origin"].iloc[at]
+        found = f"; the best by {'an unknown origin' if pd.isna(origin) else origin}, at trial {at + 1}"
+    return "trials by origin: " + ", ".join(parts) + found
 
 
 @dataclass

@@ -32,7 +32,7 @@ from farm.core.search import SearchStrategy, parse_search
 from farm.core.task import Task
 from farm.core.tvm_import import import_tvm
 from scheduler.pool import MAX_CALLS
-from scheduler.shards import shard_search
+from scheduler.shards import Proposal, proposal, shard_search
 from workers.actor import WorkerActor
 
 log = logging.getLogger("farm.scheduler")
@@ -239,9 +239,9 @@ class SearchActor:
         self.strategy = shard_search(search, task, seed, task.space.shards(shards)[shard], measured)
         self.model_id = None
 
-    def propose(self, n: int) -> list[int]:
+    def propose(self, n: int) -> Proposal:
         assert self.strategy is not None, "start() first"
-        return self.strategy.propose(n)
+        return proposal(self.strategy, n)
 
     def observe(self, results: list[MeasureResult]) -> None:
         assert self.strategy is not None, "start() first"
@@ -280,7 +280,7 @@ class RaySearches:
     def count(self) -> int:
         return len(self.actors)
 
-    def propose(self, requests: Sequence[tuple[int, int]]) -> list[cf.Future[list[int]]]:
+    def propose(self, requests: Sequence[tuple[int, int]]) -> list[cf.Future[Proposal]]:
         return [self.actors[shard].propose.remote(n).future() for shard, n in requests]
 
     def observe(self, shard: int, results: list[MeasureResult]) -> None:

@@ -24,6 +24,9 @@ from farm.core.search import SearchStrategy, make_search
 from farm.core.space import Shard
 from farm.core.task import Task
 
+# A shard's answer to a request: (config index, what proposed it: SearchStrategy.origin) per config.
+Proposal = list[tuple[int, str]]
+
 
 class ShardSearches(Protocol):
     """The searches of every shard of one task (see the module docstring)."""
@@ -32,10 +35,10 @@ class ShardSearches(Protocol):
     def count(self) -> int:
         """How many shards."""
 
-    def propose(self, requests: Sequence[tuple[int, int]]) -> list[cf.Future[list[int]]]:
-        """For each (shard, n): a future of up to n new config indices of that shard (the
-        SearchStrategy contract: valid, never proposed or measured before; fewer only when the
-        shard is out). A shard plans its requests in the order they were made, after every
+    def propose(self, requests: Sequence[tuple[int, int]]) -> list[cf.Future[Proposal]]:
+        """For each (shard, n): a future of up to n new config indices of that shard, each with
+        its origin (the SearchStrategy contract: valid, never proposed or measured before; fewer
+        only when the shard is out). A shard plans its requests in the order they were made, after every
         `observe` and `set_model` made before; different shards may plan in parallel."""
 
     def observe(self, shard: int, results: list[MeasureResult]) -> None:
@@ -56,6 +59,11 @@ def shard_search(search: str, task: Task, seed: int, shard: Shard, measured: Ite
     return strategy
 
 
+def proposal(strategy: SearchStrategy, n: int) -> Proposal:
+    """`strategy`'s next `n` configs, each with its origin."""
+    return [(index, strategy.origin(index)) for index in strategy.propose(n)]
+
+
 class LocalSearches:
     """Every shard's strategy as an object of this process."""
 
@@ -68,12 +76,12 @@ class LocalSearches:
     def count(self) -> int:
         return len(self.strategies)
 
-    def propose(self, requests: Sequence[tuple[int, int]]) -> list[cf.Future[list[int]]]:
+    def propose(self, requests: Sequence[tuple[int, int]]) -> list[cf.Future[Proposal]]:
         """Planned here and now, in order: the futures are done when they are returned."""
-        futures: list[cf.Future[list[int]]] = []
+        futures: list[cf.Future[Proposal]] = []
         for shard, n in requests:
-            future: cf.Future[list[int]] = cf.Future()
-            future.set_result(self.strategies[shard].propose(n))
+            future: cf.Future[Proposal] = cf.Future()
+            future.set_result(proposal(self.strategies[shard], n))
             futures.append(future)
         return futures
 

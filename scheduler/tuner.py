@@ -66,7 +66,7 @@ from farm.core.search import parse_search
 from farm.core.task import Task
 from scheduler.pool import QUEUE_DEPTH, WorkerPool
 from scheduler.retrain import Retrained, retrain, starting_model
-from scheduler.shards import ShardSearches
+from scheduler.shards import Proposal, ShardSearches
 
 log = logging.getLogger("farm.scheduler")
 
@@ -156,6 +156,7 @@ class _Chunk:
     worker: int
     shard: int
     indices: list[int]
+    origins: list[str]  # what proposed each config (SearchStrategy.origin), stored with its trial
     round: int
     attempt: int
 
@@ -194,7 +195,7 @@ class _TaskLoop:
         # and a batch (16) compiles at once on their 16 build slots. (Four singles gave the
         # first trial 14.8-16.6 s after `farm tune` started on an H100 host, 2026-11-25.)
         self.singles = [batch_size] * pool.size  # single-candidate chunks still to hand each worker
-        self.proposals: dict[cf.Future[list[int]], tuple[int, int]] = {}  # -> (worker, n)
+        self.proposals: dict[cf.Future[Proposal], tuple[int, int]] = {}  # -> (worker, n)
         self.running: dict[cf.Future[list[MeasureResult]], _Chunk] = {}
         self.retry: list[_Chunk] = []  # chunks whose worker died: to measure again
         self.round_results: list[MeasureResult] = []
@@ -288,7 +289,7 @@ class _TaskLoop:
             return
         while self.retry and (worker := self._roomiest()) is not None:
             chunk = self.retry.pop(0)
-            self._submit(worker, chunk.shard, chunk.indices, chunk.attempt + 1)
+            self._submit(worker, chunk.shard, list(zip(chunk.indices, chunk.origins, strict=True)), chunk.attempt + 1)
         while (not self.exhausted and (left := self._left()) > 0 and self.unguided_left != 0
                and (worker := self._roomiest()) is not None):
             n = min(self.chunk, left, self.capacity - self.in_flight[worker])
@@ -376,26 +377,27 @@ class _TaskLoop:
             self.round_size = self.pool.size * self.batch_size
             log.info("task %s: %d worker(s) joined, %d measuring now", self.task_id, added, self.pool.size)
 
-    def _submit(self, worker: int, shard: int, indices: list[int], attempt: int) -> None:
+    def _submit(self, worker: int, shard: int, proposed: Proposal, attempt: int) -> None:
+        indices = [index for index, _ in proposed]
         future = self.pool.submit(worker, self.task, indices, shard, self.round)
-        self.running[future] = _Chunk(worker, shard, indices, self.round, attempt)
+        self.running[future] = _Chunk(worker, shard, indices, [origin for _, origin in proposed], self.round, attempt)
         self.in_flight[worker] += len(indices)
         self.idle_since[worker] = None
 
     # --- events -------------------------------------------------------------------------
 
-    def _proposed(self, future: cf.Future[list[int]]) -> None:
+    def _proposed(self, future: cf.Future[Proposal]) -> None:
         worker, n = self.proposals.pop(future)
         self.in_flight[worker] -= n
-        shard, indices = self._shard(worker), future.result()
-        if not indices:  # work stealing: the first shard with configs left
-            shard, indices = _steal(self.searches, n)
-        if not indices:
+        shard, proposed = self._shard(worker), future.result()
+        if not proposed:  # work stealing: the first shard with configs left
+            shard, proposed = _steal(self.searches, n)
+        if not proposed:
             if not self.exhausted:
                 log.info("task %s: space exhausted after %d trials", self.task, self.done)
             self.exhausted = True
             return
-        self._submit(worker, shard, indices, 1)
+        self._submit(worker, shard, proposed, 1)
 
     def _measured(self, future: cf.Future[list[MeasureResult]]) -> None:
         chunk = self.running.pop(future)
@@ -426,7 +428,9 @@ class _TaskLoop:
             log.info("task %s: first results %.1f s after its searches started", self.task_id,
                      time.monotonic() - self.started_at)
         results = results[: self.budget - self.done]  # an end game's chunk or the one it stood in for: the first
+        origins = dict(zip(chunk.indices, chunk.origins, strict=True))
         for r in results:
+            r.origin = origins.get(r.config_index, "")
             self.writer.add(self.task_id, r)
         self.searches.observe(chunk.shard, results)
         self.round_results.extend(results)
@@ -475,13 +479,13 @@ class _TaskLoop:
             metrics.set_worker_queue(name, handed[worker], self.in_flight[worker] - handed[worker])
 
 
-def _steal(searches: ShardSearches, n: int) -> tuple[int, list[int]]:
-    """(shard, indices) from the first shard with configs left; no indices when all are out."""
+def _steal(searches: ShardSearches, n: int) -> tuple[int, Proposal]:
+    """(shard, proposal) from the first shard with configs left; an empty proposal when all are out."""
     for shard in range(searches.count):
         (future,) = searches.propose([(shard, n)])
-        indices = future.result()
-        if indices:
-            return shard, indices
+        proposed = future.result()
+        if proposed:
+            return shard, proposed
     return 0, []
 
 

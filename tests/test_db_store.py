@@ -60,6 +60,7 @@ def ok(index: int, *latencies: float, round: int = 0) -> MeasureResult:
         worker="w0",
         shard=index % 3,
         round=round,
+        origin="plan",
     )
 
 
@@ -320,6 +321,7 @@ class TestResultStore:
         assert row["status"] == "ok" and row["latencies"] == [3e-3, 1e-3, 2e-3]
         assert row["latency"] == pytest.approx(2e-3)  # the median
         assert (row["device"], row["worker"], row["shard"], row["round"]) == ("H100", "w0", 2, 1)
+        assert row["origin"] == "plan" and pd.isna(frame.iloc[1]["origin"])  # unknown: null
         assert row["build_seconds"] == 0.5 and row["run_seconds"] == 0.1
         assert row["workload_key"] == task_dict(0)["workload_key"]
         assert pd.Timestamp(row["created_at"]).tzinfo is not None

@@ -92,6 +92,10 @@ def test_two_worker_actors_share_a_job_exactly(pg_url: str, ray_local: None) -> 
     assert 2 <= len(rounds) <= 3 and rounds[-1]["trials"] == 22
     assert [r["trials"] for r in rounds] == sorted(r["trials"] for r in rounds) and rounds[0]["trials"] >= 8
     assert rounds[0]["model_id"] is None and rounds[1]["model_id"] is not None  # trained on the first round
+    # Each trial says what proposed it: the first round's random draws, then the model's plan
+    # and its screened exploration (half each, so both among 14).
+    assert set(trials[trials["round"] == 0]["origin"]) == {"random"}
+    assert set(trials[trials["round"] >= 1]["origin"]) == {"explore", "plan"}
 
 
 def test_shard_searches_in_ray_actors_plan_as_in_process_ones(ray_local: None) -> None:
@@ -113,7 +117,11 @@ def test_shard_searches_in_ray_actors_plan_as_in_process_ones(ray_local: None) -
     feats = featurizer(task)
     indices = np.random.default_rng(0).choice(task.space.size, 200, replace=False)
     x = feats.features(feats.codes(indices))
-    model = StoredModel(CostModel().fit(x, feats.names, x[:, 0] / x[:, 0].max(), np.zeros(200, dtype=np.int64)), 42)
+    # Made-up scores that vary with the config (a constant column, such as a workload's, trains nothing).
+    varying = x[:, x.std(axis=0) > 0].sum(axis=1)
+    model = StoredModel(CostModel().fit(x, feats.names, (varying - varying.min()) / np.ptp(varying),
+                                        np.zeros(200, dtype=np.int64)), 42)
+    assert model.model.trained  # else both sides are random search, and the test proves less
     measured = indices[:50].tolist()
     actors = [ray.remote(SearchActor).options(num_cpus=0).remote() for _ in range(2)]
     try:
@@ -123,11 +131,12 @@ def test_shard_searches_in_ray_actors_plan_as_in_process_ones(ray_local: None) -
             searches.set_model(model)
         for _ in range(2):
             wanted = [(0, 6), (1, 6), (0, 3)]
-            proposed = [f.result() for f in remote.propose(wanted)]
+            proposed = [f.result() for f in remote.propose(wanted)]  # (index, origin) pairs
             assert proposed == [f.result() for f in local.propose(wanted)]
-            assert not {i for batch in proposed for i in batch} & set(measured)
+            assert {origin for batch in proposed for _, origin in batch} <= {"explore", "plan"}
+            assert not {i for batch in proposed for i, _ in batch} & set(measured)
             for shard, batch in ((0, proposed[0]), (1, proposed[1])):
-                results = [MeasureResult(i, {}, Status.OK, latencies=[1e-3]) for i in batch]
+                results = [MeasureResult(i, {}, Status.OK, latencies=[1e-3]) for i, _ in batch]
                 remote.observe(shard, results)
                 local.observe(shard, results)
         info = remote.info()

@@ -163,6 +163,26 @@ def test_screened_exploration_takes_the_best_scored_of_uniform_draws(resnet_cuda
     assert spread(picks) >= spread(uniform) - 1
 
 
+@pytest.mark.parametrize(("epsilon", "expected"), [(0.0, {"plan"}), (1.0, {"explore"}), (0.5, {"plan", "explore"})])
+def test_each_proposal_says_what_proposed_it(resnet_cuda: tuple[Task, CostModel], epsilon: float,
+                                             expected: set[str]) -> None:
+    """Unguided configs are random draws; with a model, each is the plan's or exploration's, as
+    epsilon shares them out (at one half, 96 configs hold both). Model-free strategies answer
+    their own name."""
+    task, model = resnet_cuda
+    shard = task.space.shards(1)[0]
+    search = XGBSearch(task, shard, seed=5, epsilon=epsilon)
+    first = search.propose(16)
+    assert {search.origin(i) for i in first} == {"random"}
+    search.set_model(model)
+    guided = [i for _ in range(6) for i in search.propose(16)]
+    assert {search.origin(i) for i in guided} == expected
+    assert {search.origin(i) for i in first} == {"random"}  # still: the origin of a config stays
+    random_search, grid = make_search("random", task, shard), make_search("grid", task, shard)
+    assert random_search.origin(random_search.propose(1)[0]) == "random"
+    assert grid.origin(grid.propose(1)[0]) == "grid"
+
+
 # --- real measurements --------------------------------------------------------------------------
 
 

@@ -36,6 +36,9 @@ class MeasureResult:
     # process, host:pid), "measure" [start, end] on the device, "timed" [[start, end], ...]: the
     # calls of the timed kernel runs (the device's busy time). Empty where nothing ran.
     timeline: dict[str, Any] = field(default_factory=dict)
+    # What proposed the config (farm.core.search.ORIGINS: "random", "explore", "plan", ...), set by
+    # the tuning loop; empty where nothing says (a worker's own result, a trial stored before).
+    origin: str = ""
 
     @property
     def ok(self) -> bool:

@@ -9,6 +9,8 @@ Contract for every strategy:
   reproducible given its seed.
 - `set_model(model)` hands a strategy the cost model retrained after each round (farm.core.costmodel);
   every strategy takes it, model-free ones ignore it.
+- `origin(index)` says which part of the strategy proposed a config it returned (`ORIGINS`); the
+  tuning loop stores it with the config's trial, so a run shows what found its best.
 
 A job names its search by a spec: a strategy's name, optionally with options of that strategy
 (`OPTIONS`), as `name:key=value,key=value` (`xgb:screen=16,epsilon=0.25`). `parse_search` is the
@@ -53,6 +55,9 @@ QUICK_BUILD: dict[str, KnobValue] = {"auto_unroll_max_step": 0}
 QUICK_FIRST = 16
 # The longest search spec: a job stores it in a 32-character column (db.models.Job.search).
 MAX_SEARCH_CHARS = 32
+# What may propose a config (`SearchStrategy.origin`, stored with each trial): a uniform draw, the
+# grid's order, the model-guided search's screened exploration, or its plan (the model's best).
+ORIGINS = ("random", "grid", "explore", "plan")
 
 
 class SearchStrategy(ABC):
@@ -78,6 +83,11 @@ class SearchStrategy(ABC):
     @abstractmethod
     def propose(self, n: int) -> list[int]:
         """Up to `n` new valid config indices of the shard."""
+
+    def origin(self, index: int) -> str:
+        """Which part of this strategy proposed `index`, one of `ORIGINS` (a model-free strategy:
+        its own name). Only for indices `propose` returned."""
+        return self.name
 
     def observe(self, results: list[MeasureResult]) -> None:  # noqa: B027 - optional hook
         """Learn from measured results (no-op for model-free strategies)."""
@@ -228,6 +238,7 @@ class XGBSearch(RandomSearch):
         self._quick: Callable[[Config], bool] | None = (
             (lambda config: all(config[name] == value for name, value in quick.items())) if quick else None)
         self._quick_left = quick_first  # unguided configs still to keep to QUICK_BUILD
+        self._origins: dict[int, str] = {}  # "explore" or "plan" per config proposed with a model
 
     @property
     def features(self) -> Featurizer:
@@ -242,6 +253,9 @@ class XGBSearch(RandomSearch):
         for r in results:
             self.seen.add(r.config_index)
             self._measured[r.config_index] = r.latency if r.latency is not None else math.inf
+
+    def origin(self, index: int) -> str:
+        return self._origins.get(index, "random")
 
     def propose(self, n: int) -> list[int]:
         if n <= 0:
@@ -264,6 +278,7 @@ class XGBSearch(RandomSearch):
                     break
             take, self._plan = self._plan[: n - len(out)], self._plan[n - len(out):]
             self.seen.update(take)
+            self._origins.update(dict.fromkeys(take, "plan"))
             out += take
         return out
 
@@ -291,7 +306,10 @@ class XGBSearch(RandomSearch):
                 best = scores.reshape(groups, self.screen).argmax(axis=1)
                 out = [pool[g * self.screen + int(b)] for g, b in enumerate(best)]
                 self.seen.update(out)
-        return out + (super().propose(n - len(out)) if len(out) < n else [])
+        if len(out) < n:
+            out += super().propose(n - len(out))
+        self._origins.update(dict.fromkeys(out, "explore"))
+        return out
 
     # --- planning ------------------------------------------------------------------------
 
