@@ -11,7 +11,7 @@
 #   search      xgb vs random search, trials to 95% of the best (bench/costmodel_search.py)
 #   zeroshot    farm predict on held-out conv2d shapes vs tuning them (bench/costmodel_zeroshot.py)
 #   fsearch     bench/farm_search.py through `farm tune`, per FSEARCH_CASES (;-separated, default
-#               resnet-last-conv; matmul 1024^3; conv2d 1x256x14x14 3x3): 3 runs of FSEARCH_TRIALS (171: a
+#               resnet-last-conv; matmul 1024^3; conv2d 1x256x14x14 3x3): FSEARCH_SEEDS (3) runs of FSEARCH_TRIALS (171: a
 #               third of random's) of each search spec of FSEARCH_SEARCHES (space-separated, default xgb;
 #               "xgb xgb:screen=16" compares two settings) against FSEARCH_RANDOM_SEEDS (3) random searches
 #               of FSEARCH_RANDOM (512)
@@ -59,6 +59,7 @@ KERNEL_CASES=${KERNEL_CASES:-resnet-last-conv;matmul M=1024 N=1024 K=1024}
 KERNEL_TRIALS=${KERNEL_TRIALS:-512}; KERNEL_SEEDS=${KERNEL_SEEDS:-3}
 FSEARCH_CASES=${FSEARCH_CASES:-resnet-last-conv;matmul M=1024 N=1024 K=1024;conv2d_nchw N=1 CI=256 H=14 W=14 CO=256 KH=3 KW=3 pad=1}
 FSEARCH_TRIALS=${FSEARCH_TRIALS:-171}; FSEARCH_RANDOM=${FSEARCH_RANDOM:-512}; FSEARCH_RANDOM_SEEDS=${FSEARCH_RANDOM_SEEDS:-3}
+FSEARCH_SEEDS=${FSEARCH_SEEDS:-3}
 FSEARCH_SEARCHES=${FSEARCH_SEARCHES:-xgb}
 E2E_TRIALS=${E2E_TRIALS:-500}; E2E_GPUS=${E2E_GPUS:-1 2}; E2E_SEEDS=${E2E_SEEDS:-3}
 mkdir -p "$OUT"; rm -f "$OUT/DONE"
@@ -93,8 +94,9 @@ fsearch() { local prefix=$1 list=$2 cases case name words searches; shift 2
   IFS=';' read -ra cases <<< "$list"; read -ra searches <<< "$FSEARCH_SEARCHES"
   for case in "${cases[@]}"; do
     name=$(case_name "$case"); read -ra words <<< "$case"
-    step "$prefix-$name" $((900 + 300 * ${#searches[@]})) python3 bench/farm_search.py --workload "${words[0]}" \
-      --params "${words[@]:1}" --target cuda --search "${searches[@]}" --seeds 3 --trials "$FSEARCH_TRIALS" --random-trials "$FSEARCH_RANDOM" --random-seeds "$FSEARCH_RANDOM_SEEDS" \
+    # Its limit: about 150 s per 512-trial random run and 70 s per 171-trial guided run on an H100, doubled.
+    step "$prefix-$name" $((300 * FSEARCH_RANDOM_SEEDS * FSEARCH_RANDOM / 512 + 140 * FSEARCH_SEEDS * ${#searches[@]} * FSEARCH_TRIALS / 171 + 300)) python3 bench/farm_search.py --workload "${words[0]}" \
+      --params "${words[@]:1}" --target cuda --search "${searches[@]}" --seeds "$FSEARCH_SEEDS" --trials "$FSEARCH_TRIALS" --random-trials "$FSEARCH_RANDOM" --random-seeds "$FSEARCH_RANDOM_SEEDS" \
       --out "$OUT/$prefix-$name" --json "$OUT/$prefix-$name.json" "$@"
   done; }
 for s in $STEPS; do
