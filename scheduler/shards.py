@@ -38,8 +38,8 @@ class ShardSearches(Protocol):
     def propose(self, requests: Sequence[tuple[int, int]]) -> list[cf.Future[Proposal]]:
         """For each (shard, n): a future of up to n new config indices of that shard, each with
         its origin (the SearchStrategy contract: valid, never proposed or measured before; fewer
-        only when the shard is out). A shard plans its requests in the order they were made, after every
-        `observe` and `set_model` made before; different shards may plan in parallel."""
+        only when the shard is out). A shard plans its requests in the order they were made, after
+        every `observe` and `set_model` made before; different shards may plan in parallel."""
 
     def observe(self, shard: int, results: list[MeasureResult]) -> None:
         """Feed back results measured from `shard`; seen by that shard before its next proposal."""

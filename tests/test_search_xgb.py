@@ -13,7 +13,7 @@ import pytest
 from farm.core.costmodel import CostModel, train
 from farm.core.features import featurizer
 from farm.core.measure import MeasureResult, Status
-from farm.core.search import QUICK_FIRST, STRATEGIES, RandomSearch, XGBSearch, make_search
+from farm.core.search import ORIGINS, QUICK_FIRST, STRATEGIES, RandomSearch, XGBSearch, make_search
 from farm.core.targets import parse_target
 from farm.core.task import Task
 from farm.core.workloads import make_workload
@@ -178,6 +178,7 @@ def test_each_proposal_says_what_proposed_it(resnet_cuda: tuple[Task, CostModel]
     guided = [i for _ in range(6) for i in search.propose(16)]
     assert {search.origin(i) for i in guided} == expected
     assert {search.origin(i) for i in first} == {"random"}  # still: the origin of a config stays
+    assert {search.origin(i) for i in first + guided} <= set(ORIGINS)
     random_search, grid = make_search("random", task, shard), make_search("grid", task, shard)
     assert random_search.origin(random_search.propose(1)[0]) == "random"
     assert grid.origin(grid.propose(1)[0]) == "grid"
