@@ -43,6 +43,7 @@ import argparse
 import json
 import math
 import statistics
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -133,11 +134,9 @@ def guided_figures(spec: str, curves: list[np.ndarray], origins: list[list[str |
               + f"{len(sample)} there): " + (f"< {expected / trials:.1f}x" if ratio is None else f"{ratio:.2f}x")
               + " fewer trials with the model")
     # Which part of the search moved the runs' bests: per origin, the trials that set a new best.
-    improvements: dict[str, int] = {}
-    for curve, run in zip(curves, origins, strict=True):
-        for t in np.nonzero(np.diff(np.concatenate([[np.inf], curve])) < 0)[0]:
-            improvements[run[t] or "unknown"] = improvements.get(run[t] or "unknown", 0) + 1
-    figures["improvements_by_origin"] = improvements
+    improvements = Counter(run[t] or "unknown" for curve, run in zip(curves, origins, strict=True)
+                           for t in np.nonzero(curve < np.concatenate([[np.inf], curve[:-1]]))[0])
+    figures["improvements_by_origin"] = dict(improvements)
     print(f"  {spec} new bests by origin: " + ", ".join(f"{o} {n}" for o, n in sorted(improvements.items())))
     median_ratio = statistics.median_low(c["ratio"] or 0.0 for c in comparisons)
     figures["to_random_best"] = comparisons

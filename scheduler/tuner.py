@@ -156,7 +156,7 @@ class _Chunk:
     worker: int
     shard: int
     indices: list[int]
-    origins: list[str]  # what proposed each config (SearchStrategy.origin), stored with its trial
+    origins: dict[int, str]  # index -> what proposed it (SearchStrategy.origin), stored with its trial
     round: int
     attempt: int
 
@@ -289,7 +289,7 @@ class _TaskLoop:
             return
         while self.retry and (worker := self._roomiest()) is not None:
             chunk = self.retry.pop(0)
-            self._submit(worker, chunk.shard, list(zip(chunk.indices, chunk.origins, strict=True)), chunk.attempt + 1)
+            self._submit(worker, chunk.shard, list(chunk.origins.items()), chunk.attempt + 1)
         while (not self.exhausted and (left := self._left()) > 0 and self.unguided_left != 0
                and (worker := self._roomiest()) is not None):
             n = min(self.chunk, left, self.capacity - self.in_flight[worker])
@@ -380,7 +380,7 @@ class _TaskLoop:
     def _submit(self, worker: int, shard: int, proposed: Proposal, attempt: int) -> None:
         indices = [index for index, _ in proposed]
         future = self.pool.submit(worker, self.task, indices, shard, self.round)
-        self.running[future] = _Chunk(worker, shard, indices, [origin for _, origin in proposed], self.round, attempt)
+        self.running[future] = _Chunk(worker, shard, indices, dict(proposed), self.round, attempt)
         self.in_flight[worker] += len(indices)
         self.idle_since[worker] = None
 
@@ -428,9 +428,8 @@ class _TaskLoop:
             log.info("task %s: first results %.1f s after its searches started", self.task_id,
                      time.monotonic() - self.started_at)
         results = results[: self.budget - self.done]  # an end game's chunk or the one it stood in for: the first
-        origins = dict(zip(chunk.indices, chunk.origins, strict=True))
         for r in results:
-            r.origin = origins.get(r.config_index, "")
+            r.origin = chunk.origins.get(r.config_index, "")
             self.writer.add(self.task_id, r)
         self.searches.observe(chunk.shard, results)
         self.round_results.extend(results)
