@@ -9,6 +9,8 @@ predict --measure`, and any caller that hands the loop workers of its own).
 from __future__ import annotations
 
 import concurrent.futures as cf
+import math
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
@@ -16,13 +18,53 @@ from farm.core.measure import MeasureResult
 from farm.core.task import Task
 from scheduler.shards import ShardSearches
 
-# Candidates in flight per worker, in batches (of the job's batch_size): enough that built
-# candidates wait for the device while the next ones compile and the search plans more, and few
-# enough that proposals are guided by a recent model.
+# The most candidates in flight per worker, in batches (of the job's batch_size); a worker whose
+# builds keep up with its device has fewer (`Lead`).
 QUEUE_DEPTH = 2
 # Calls a worker runs at once: the tuning loop hands out work in chunks of a few candidates
 # (scheduler.tuner.CHUNK), so a worker with QUEUE_DEPTH batches in flight has many calls open.
 MAX_CALLS = 64
+
+
+class Lead:
+    """How many candidates one worker keeps in flight: as many as its builds need to keep its device
+    busy, and no more, so that each proposal is made as late as it can be, by the newest model.
+
+    A candidate in flight is being proposed, compiled, waiting for the device or measured. With the
+    device the bottleneck, it measures a candidate every `device` seconds (the mean of the recent
+    results' run_seconds, 0 for those that never reached it), and by Little's law `build / device`
+    candidates are compiling at once (`build`: the mean build_seconds); two chunks more are the one
+    being measured and the next one, built and waiting. Where builds are the bottleneck (a CPU
+    device, few cores) that count is large, and the cap holds. Until `chunk` results have come back
+    the lead is the cap (`most`); it is never under two chunks (or `most`).
+
+    Why: a proposal's model is as old as the candidates in flight ahead of it (plus part of a
+    round), and the model-guided search is as good as its model's age allows: in a replay of
+    measured H200 runs, a lag of 36 trials took resnet-last-conv's median trials to the measured
+    top 3% from 34 (no lag) to 70, and a lag of 16 to 50
+    (docs/benchmarks/data/kernels-2026-11-26h/search-study/REPORT.md). A fixed two batches (32) in
+    flight kept that lag where the device, not the builds, set the pace: on an H100 host with 16
+    build slots, builds took 1.5 to 1.8 s on average against about 0.25 s a candidate on the
+    device (docs/benchmarks/e2e-throughput-2026-11-26f.md), a lead of about 15 by this rule.
+    """
+
+    def __init__(self, chunk: int, most: int, window: int = 32) -> None:
+        self.chunk, self.most = chunk, most
+        self._recent: deque[tuple[float, float]] = deque(maxlen=window)  # (build_seconds, run_seconds)
+
+    def observe(self, results: Iterable[MeasureResult]) -> None:
+        """Take in a worker's returned results (their build and device seconds)."""
+        self._recent.extend((r.build_seconds, r.run_seconds) for r in results)
+
+    @property
+    def size(self) -> int:
+        """Candidates to keep in flight now (see the class docstring)."""
+        least = min(self.most, 2 * self.chunk)
+        device = sum(run for _, run in self._recent) / max(1, len(self._recent))
+        if len(self._recent) < self.chunk or device <= 0:
+            return self.most
+        build = sum(b for b, _ in self._recent) / len(self._recent)
+        return max(least, min(self.most, math.ceil(build / device) + 2 * self.chunk))
 
 
 class WorkerPool(Protocol):

@@ -2,11 +2,14 @@
 
 Work flows as a stream of small chunks rather than batches that wait for one another:
 
-- Each worker keeps up to `QUEUE_DEPTH * batch_size` candidates in flight (being proposed,
-  compiling, built and waiting, or measuring). Its shard's search proposes them CHUNK at a
-  time, in the search's own process, while the loop goes on; a chunk goes to its worker as soon
-  as it is proposed, and comes back as soon as its few candidates are measured. So one slow
-  compile holds back only its own chunk, and the device always has built candidates queued.
+- Each worker keeps candidates in flight (being proposed, compiling, built and waiting, or
+  measuring): as many as its builds need to keep its device busy, from its recent build and
+  device seconds, at most `QUEUE_DEPTH * batch_size` (`scheduler.pool.Lead`): more would wait
+  for the device and only age the model that proposed them. Its shard's search proposes them
+  CHUNK at a time, in the search's own process, while the loop goes on; a chunk goes to its
+  worker as soon as it is proposed, and comes back as soon as its few candidates are measured.
+  So one slow compile holds back only its own chunk, and the device always has built candidates
+  queued.
 - A round closes every `pool.size * batch_size` results: the writer is flushed, and the shared
   cost model is retrained on every trial of the task's family in a background thread; the new
   model reaches every shard's search before its next proposal. Chunks go on flowing meanwhile,
@@ -64,7 +67,7 @@ from farm.core.errors import FarmError, one_line
 from farm.core.measure import MeasureResult, Status
 from farm.core.search import parse_search
 from farm.core.task import Task
-from scheduler.pool import QUEUE_DEPTH, WorkerPool
+from scheduler.pool import QUEUE_DEPTH, Lead, WorkerPool
 from scheduler.retrain import Retrained, retrain, starting_model
 from scheduler.shards import Proposal, ShardSearches
 
@@ -178,8 +181,10 @@ class _TaskLoop:
         self.pool, self.searches, self.report = pool, searches, report
         self.task_id, self.budget, self.done = row["id"], row["budget"], done
         self.batch_size = batch_size
-        self.capacity = QUEUE_DEPTH * batch_size  # candidates in flight per worker
         self.chunk = min(CHUNK, batch_size)
+        # Candidates each worker keeps in flight: at most QUEUE_DEPTH batches, fewer where its builds
+        # keep up with its device (a fresher model proposes them).
+        self.leads = [Lead(self.chunk, QUEUE_DEPTH * batch_size) for _ in range(pool.size)]
         self.round_size = pool.size * batch_size
         self.best = min((b["latency"] for b in store.best(self.task_id, 1)), default=None)
         self.round = len(store.rounds(self.task_id))
@@ -281,7 +286,7 @@ class _TaskLoop:
         last trials over all of them."""
         ready = [w for w in range(len(self.in_flight)) if self.pool.ready(w)]
         worker = min(ready, key=self.in_flight.__getitem__, default=None)
-        return worker if worker is not None and self.in_flight[worker] < self.capacity else None
+        return worker if worker is not None and self.in_flight[worker] < self.leads[worker].size else None
 
     def _fill(self) -> None:
         """Hand out work until every worker is full or the budget is all handed out."""
@@ -292,7 +297,7 @@ class _TaskLoop:
             self._submit(worker, chunk.shard, list(chunk.origins.items()), chunk.attempt + 1)
         while (not self.exhausted and (left := self._left()) > 0 and self.unguided_left != 0
                and (worker := self._roomiest()) is not None):
-            n = min(self.chunk, left, self.capacity - self.in_flight[worker])
+            n = min(self.chunk, left, self.leads[worker].size - self.in_flight[worker])
             if self.singles[worker]:
                 n = 1
                 self.singles[worker] -= 1
@@ -305,7 +310,7 @@ class _TaskLoop:
             self._propose(worker, n)
         for worker in self._stand_ins():
             # All the budget lacks, as far as the worker has room: one grace, not one per chunk.
-            n = min(self.capacity, self.budget - self.done)
+            n = min(self.leads[worker].size, self.budget - self.done)
             log.info("task %s: %s idle at the budget's end, measuring %d new configs in place of the %d still out",
                      self.task_id, self.pool.names[worker], n, sum(self.in_flight))
             self._propose(worker, n)
@@ -374,6 +379,7 @@ class _TaskLoop:
             self.returned += [False] * added
             self.idle_since += [None] * added
             self.singles += [self.batch_size] * added
+            self.leads += [Lead(self.chunk, QUEUE_DEPTH * self.batch_size) for _ in range(added)]
             self.round_size = self.pool.size * self.batch_size
             log.info("task %s: %d worker(s) joined, %d measuring now", self.task_id, added, self.pool.size)
 
@@ -421,6 +427,7 @@ class _TaskLoop:
                                      f"worker failed {chunk.attempt} times: {one_line(e)}", worker=name,
                                      shard=chunk.shard, round=chunk.round) for i in chunk.indices]
         self.returned[chunk.worker] = True
+        self.leads[chunk.worker].observe(results)
         if not self.in_flight[chunk.worker]:
             self.idle_since[chunk.worker] = time.monotonic()
         if not self.round_results and self.round == 0:
