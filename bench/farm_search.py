@@ -88,16 +88,35 @@ def check_history(history: Path, workload: Workload, target: str) -> str:
     return f"{len(trials)} trials of {trials['workload_key'].nunique()} other shape(s) of {family}"
 
 
+def model_lag(model_trials: list[list[int | None]]) -> dict[str, float] | None:
+    """How far behind its trials the model that proposed them was: over every trial of the runs
+    handed out after a model could exist, its position (1-based) minus the trials the newest model
+    it could have been proposed by had learnt from (`run["model_trials"]`); at least that old, since
+    a retraining takes a moment to arrive. Median, p10 and p90; None if no trial had a model."""
+    lags = [t - m for run in model_trials for t, m in enumerate(run, start=1) if m is not None]
+    if not lags:
+        return None
+    p10, p50, p90 = np.percentile(lags, [10, 50, 90])
+    return {"median": float(p50), "p10": float(p10), "p90": float(p90), "trials": len(lags)}
+
+
 def guided_figures(spec: str, curves: list[np.ndarray], origins: list[list[str | None]],
-                   random_samples: list[np.ndarray], best: float, trials: int) -> dict:
+                   model_trials: list[list[int | None]], random_samples: list[np.ndarray], best: float,
+                   trials: int) -> dict:
     """The figures of one guided search's runs (their best-so-far curves, µs, inf before a first
-    result, and what proposed each trial: farm.core.search.ORIGINS, None where the store does not
-    say) against the random runs' samples (µs per trial, inf where failed), `best` the fastest
-    latency of any run; printed, one line each, and returned for the JSON."""
+    result, what proposed each trial: farm.core.search.ORIGINS, None where the store does not say,
+    and the trials its newest possible model had learnt from: `model_lag`) against the random runs'
+    samples (µs per trial, inf where failed), `best` the fastest latency of any run; printed, one
+    line each, and returned for the JSON."""
+    lag = model_lag(model_trials)
+    if lag is not None:
+        print(f"  {spec} model lag: a trial came {lag['median']:.0f} trials (p10 {lag['p10']:.0f}, p90 "
+              f"{lag['p90']:.0f}) after the last trial the newest model it could have been proposed by "
+              f"had learnt from ({lag['trials']} trials)")
     # The random runs are independent uniform samples: pooled, they estimate random search's
     # trials to a latency better than one run does.
     pooled = np.concatenate(random_samples)
-    figures: dict = {"thresholds": {}}
+    figures: dict = {"thresholds": {}, "model_lag": lag}
     for fraction in (0.95, 0.90):
         threshold = best / fraction
         guided = [trials_to(c, threshold) for c in curves]
@@ -192,7 +211,11 @@ def main() -> None:
                                 history=history)
         curve, statuses = farm_curve(db)
         store = open_store(f"sqlite:///{db}")
-        trials = store.trials(job_id=store.jobs(limit=1)[0]["id"])
+        job_id = store.jobs(limit=1)[0]["id"]
+        trials = store.trials(job_id=job_id)
+        # A trial handed out in round r could be proposed by the model retrained when round r - 1
+        # closed, at best: the trials that model learnt from (None before the first close).
+        closed = {row["round"]: row["trials"] for row in store.rounds(store.tasks(job_id)[0]["id"])}
         latency = trials["latency"].to_numpy(dtype=float) * 1e6
         runs.append({"search": search, "seed": seed, "wall_s": seconds, "statuses": statuses, "curve_us": curve,
                      # Every trial's config and latency, so that the figures can be worked out again
@@ -200,7 +223,8 @@ def main() -> None:
                      # bench/gpu_collect.sh), and bench/search_screening.py can study the model on them.
                      "config_index": [int(i) for i in trials["config_index"]],
                      "latency_us": [None if np.isnan(v) else float(v) for v in latency],
-                     "origin": [o if isinstance(o, str) else None for o in trials["origin"]]})
+                     "origin": [o if isinstance(o, str) else None for o in trials["origin"]],
+                     "model_trials": [closed.get(int(r) - 1) for r in trials["round"]]})
         print(f"  {search} seed {seed}: best {np.nanmin(curve):.2f} µs in {seconds:.0f} s", flush=True)
         return np.nan_to_num(latency, nan=np.inf)
 
@@ -218,6 +242,7 @@ def main() -> None:
                      "searches": {spec: guided_figures(spec, [np.nan_to_num(r["curve_us"], nan=np.inf)
                                                               for r in runs if r["search"] == spec],
                                                        [r["origin"] for r in runs if r["search"] == spec],
+                                                       [r["model_trials"] for r in runs if r["search"] == spec],
                                                        random_samples, best, args.trials)
                                   for spec in args.search},
                      "runs": [{**r, "curve_us": [None if np.isnan(v) else v for v in r["curve_us"]]} for r in runs]}
