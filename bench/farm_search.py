@@ -32,7 +32,9 @@ those ratios over the random runs (one random run's best is one seed's luck: a f
 the same fast kernel early on every H200 it ran on, docs/benchmarks/kernels-2026-11-27b.md).
 Each guided run's trials say what proposed them (random draws before the first model, then the
 model's plan or its screened exploration: farm.core.search.ORIGINS); per spec it prints which of
-them set each new best and reached each random run's best.
+them set each new best and reached each random run's best, and how far behind its trials the
+model that proposed them was (`model_lag`); per run, the share of the job's wall time its device
+had a candidate on it and spent in timed runs (farm.report.utilisation).
 Writes the curves' plot to OUT/curves.png and, with --json, every figure (per spec under
 "searches", every run's trials with their origins under "runs").
 """
@@ -54,7 +56,7 @@ from farm.core.errors import FarmError
 from farm.core.jobspec import JobRequest, family_key
 from farm.core.search import parse_search
 from farm.core.workloads import Workload, make_workload
-from farm.report import Curve, plot_curves
+from farm.report import Curve, plot_curves, utilisation
 
 
 def expected_random_trials(latency_us: np.ndarray, threshold: float) -> tuple[float, int]:
@@ -217,7 +219,13 @@ def main() -> None:
         # closed, at best: the trials that model learnt from (None before the first close).
         closed = {row["round"]: row["trials"] for row in store.rounds(store.tasks(job_id)[0]["id"])}
         latency = trials["latency"].to_numpy(dtype=float) * 1e6
-        runs.append({"search": search, "seed": seed, "wall_s": seconds, "statuses": statuses, "curve_us": curve,
+        # The device's share of the job's wall time with a candidate on it, and inside timed runs:
+        # whether the devices waited for builds.
+        use = utilisation(store, job_id)
+        measuring = sum(use.measuring_seconds.values()) / use.wall_seconds if use.wall_seconds else None
+        busy = sum(use.busy_seconds.values()) / use.wall_seconds if use.wall_seconds else None
+        runs.append({"search": search, "seed": seed, "wall_s": seconds, "job_wall_s": use.wall_seconds,
+                     "measuring_share": measuring, "busy_share": busy, "statuses": statuses, "curve_us": curve,
                      # Every trial's config and latency, so that the figures can be worked out again
                      # from the JSON alone (a GPU session brings back no store over 8 MB:
                      # bench/gpu_collect.sh), and bench/search_screening.py can study the model on them.
@@ -225,7 +233,9 @@ def main() -> None:
                      "latency_us": [None if np.isnan(v) else float(v) for v in latency],
                      "origin": [o if isinstance(o, str) else None for o in trials["origin"]],
                      "model_trials": [closed.get(int(r) - 1) for r in trials["round"]]})
-        print(f"  {search} seed {seed}: best {np.nanmin(curve):.2f} µs in {seconds:.0f} s", flush=True)
+        print(f"  {search} seed {seed}: best {np.nanmin(curve):.2f} µs in {seconds:.0f} s (the job "
+              f"{use.wall_seconds:.0f} s, a candidate on the device {measuring or 0:.0%} of it, in timed runs "
+              f"{busy or 0:.0%})", flush=True)
         return np.nan_to_num(latency, nan=np.inf)
 
     for spec in args.search:
