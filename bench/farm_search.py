@@ -190,6 +190,9 @@ def main() -> None:
                         "from (a copy of it); default: a new store")
     parser.add_argument("--out", type=Path, default=Path("/tmp/farm-search"))
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--reread", action="store_true", help="run nothing: work the figures out from the stores "
+                        "already in --out (OUT/xgb-0.db, OUT/random-1000.db, ...), each as far as its job got (a "
+                        "GPU session cut off); runs without a store are left out")
     args = parser.parse_args()
     workload = make_workload(args.workload, dict(p.split("=", 1) for p in args.params) or None)
     try:
@@ -207,10 +210,18 @@ def main() -> None:
           flush=True)
     runs = []
 
-    def run(search: str, seed: int, trials: int, name: str, history: Path | None = None) -> np.ndarray:
-        """One `farm tune` run recorded in `runs`; its trials' latencies (µs, inf if not ok) in order."""
-        seconds, db = farm_tune(args.workload, args.params, args.target, trials, search, seed, args.out, name,
-                                history=history)
+    def run(search: str, seed: int, trials: int, name: str, history: Path | None = None) -> np.ndarray | None:
+        """One `farm tune` run recorded in `runs`; its trials' latencies (µs, inf if not ok) in order. With
+        --reread, the run's store as it is in OUT (None if there is none), and no wall seconds."""
+        seconds: float | None = None
+        if args.reread:
+            db = args.out / f"{name}.db"
+            if not db.is_file():
+                print(f"  {search} seed {seed}: no store {db}; left out", flush=True)
+                return None
+        else:
+            seconds, db = farm_tune(args.workload, args.params, args.target, trials, search, seed, args.out, name,
+                                    history=history)
         curve, statuses = farm_curve(db)
         store = open_store(f"sqlite:///{db}")
         job_id = store.jobs(limit=1)[0]["id"]
@@ -220,11 +231,14 @@ def main() -> None:
         closed = {row["round"]: row["trials"] for row in store.rounds(store.tasks(job_id)[0]["id"])}
         latency = trials["latency"].to_numpy(dtype=float) * 1e6
         # The device's share of the job's wall time with a candidate on it, and inside timed runs:
-        # whether the devices waited for builds.
-        use = utilisation(store, job_id)
-        measuring = sum(use.measuring_seconds.values()) / use.wall_seconds if use.wall_seconds else None
-        busy = sum(use.busy_seconds.values()) / use.wall_seconds if use.wall_seconds else None
-        runs.append({"search": search, "seed": seed, "wall_s": seconds, "job_wall_s": use.wall_seconds,
+        # whether the devices waited for builds. Only of a job that ended (--reread: one cut off has
+        # no end to measure its wall time to).
+        finished = store.jobs(limit=1)[0]["finished_at"] is not None
+        use = utilisation(store, job_id) if finished else None
+        job_wall = use.wall_seconds if use else None
+        measuring = sum(use.measuring_seconds.values()) / job_wall if use and job_wall else None
+        busy = sum(use.busy_seconds.values()) / job_wall if use and job_wall else None
+        runs.append({"search": search, "seed": seed, "wall_s": seconds, "job_wall_s": job_wall,
                      "measuring_share": measuring, "busy_share": busy, "statuses": statuses, "curve_us": curve,
                      # Every trial's config and latency, so that the figures can be worked out again
                      # from the JSON alone (a GPU session brings back no store over 8 MB:
@@ -233,9 +247,10 @@ def main() -> None:
                      "latency_us": [None if np.isnan(v) else float(v) for v in latency],
                      "origin": [o if isinstance(o, str) else None for o in trials["origin"]],
                      "model_trials": [closed.get(int(r) - 1) for r in trials["round"]]})
-        print(f"  {search} seed {seed}: best {np.nanmin(curve):.2f} µs in {seconds:.0f} s (the job "
-              f"{use.wall_seconds:.0f} s, a candidate on the device {measuring or 0:.0%} of it, in timed runs "
-              f"{busy or 0:.0%})", flush=True)
+        print(f"  {search} seed {seed}: best {np.nanmin(curve):.2f} µs in {len(trials)} trials"
+              + ("" if seconds is None else f", {seconds:.0f} s")
+              + (f" (the job {job_wall:.0f} s, a candidate on the device {measuring or 0:.0%} of it, in timed runs "
+                 f"{busy or 0:.0%})" if use else " (its job did not end)"), flush=True)
         return np.nan_to_num(latency, nan=np.inf)
 
     for spec in args.search:
@@ -243,8 +258,11 @@ def main() -> None:
             run(spec, seed, args.trials, f"{run_name(spec)}-{seed}", args.history)
     # Seeds 1000, 1001, ...: guided runs start as random search with their own seed until a model
     # exists, and would share their first configs with a random run of the same seed.
-    random_samples = [run("random", seed, args.random_trials, f"random-{seed}")
-                      for seed in range(1000, 1000 + args.random_seeds)]
+    random_samples = [sample for seed in range(1000, 1000 + args.random_seeds)
+                      if (sample := run("random", seed, args.random_trials, f"random-{seed}")) is not None]
+    if not random_samples or not any(r["search"] != "random" for r in runs):
+        raise SystemExit("farm_search: no random run or no guided run to compare (--reread: none in "
+                         f"{args.out})")
 
     best = min(float(np.nanmin(r["curve_us"])) for r in runs)
     print(f"best of all runs: {best:.2f} µs")
@@ -257,8 +275,9 @@ def main() -> None:
                                   for spec in args.search},
                      "runs": [{**r, "curve_us": [None if np.isnan(v) else v for v in r["curve_us"]]} for r in runs]}
     label = f"{workload} on {args.target}"
-    plot = plot_curves([Curve(f"{r['search']} seed {r['seed']} ({r['wall_s']:.0f} s)", label, r["curve_us"])
-                        for r in runs], args.out / "curves.png")
+    walls = [r["wall_s"] or r["job_wall_s"] for r in runs]  # --reread: the job's, none for one cut off
+    plot = plot_curves([Curve(f"{r['search']} seed {r['seed']} ({f'{wall:.0f} s' if wall else 'cut off'})", label,
+                              r["curve_us"]) for r, wall in zip(runs, walls, strict=True)], args.out / "curves.png")
     print(f"tuning curves: {plot}")
     if args.json:
         args.json.write_text(json.dumps(figures, indent=1))
