@@ -24,7 +24,6 @@ import os
 import random
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -38,6 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tests.processes import stop
+from workers.device import free_port
 
 if TYPE_CHECKING:
     from farm.client import Client, Job
@@ -48,13 +48,6 @@ DASHBOARDS = ROOT / "deploy" / "grafana" / "dashboards"
 # interval (the provisioned datasource's timeInterval): the rate window is 4 scrapes.
 GRAFANA_BUILTINS = {"__rate_interval": "1m", "__interval": "15s"}
 _VARIABLE = re.compile(r"\$\{(\w+)(?::\w+)?\}|\$(\w+)")
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port nothing listens on now (the caller binds it soon after)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

@@ -22,6 +22,7 @@ import concurrent.futures as cf
 import functools
 import logging
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -40,7 +41,36 @@ _REPO = Path(__file__).resolve().parent.parent
 log = logging.getLogger("farm.device")
 
 
+# Where `free_port` picks: above Ray's worker ports (10002-19999 by default), below the kernel's
+# ephemeral range (Linux: 32768-60999 by default, /proc/sys/net/ipv4/ip_local_port_range).
+PORTS_FROM = 20000
+_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
 def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing is bound to now, for a process started next to listen on.
+
+    Picked at random below the kernel's ephemeral range where it can be, not by binding port 0:
+    a port from bind(0) is ephemeral, and in the seconds before the process it is meant for binds
+    it (a tracker imports TVM first) the kernel may hand it to any process that binds port 0 or
+    connects, as Ray's components do by the dozen as they start. Four `farm tune` processes
+    started at once on one GPU host lost one job so: its tracker ended with status 1 at every
+    restart for 70 s and no trial was measured (docs/benchmarks/kernels-2026-11-27e.md). Where
+    there is no room below the ephemeral range, an ephemeral port as before.
+    """
+    try:
+        ephemeral = int(_EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral = PORTS_FROM  # unknown: no room, ephemeral ports
+    draw = random.SystemRandom()  # not the random module's state, which tests and searches seed
+    for _ in range(64 if ephemeral - PORTS_FROM >= 1000 else 0):
+        port = draw.randrange(PORTS_FROM, ephemeral)
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:  # in use (listening, connected or in TIME_WAIT): another
+                continue
+            return port
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
