@@ -582,6 +582,59 @@ def test_the_end_game_waits_for_a_worker_that_has_not_returned_results(pg_url: s
     assert (trials["worker"] == "local-0").sum() >= 1
 
 
+class _Counting:
+    """A LocalWorkerPool's worker that records, at every call, how many candidates it was handed and
+    has not returned yet (`in_flight`: (results returned before the call, candidates out))."""
+
+    def __init__(self, worker: Any) -> None:
+        self.worker, self.name = worker, worker.name
+        self.lock = threading.Lock()
+        self.out = self.returned = 0
+        self.in_flight: list[tuple[int, int]] = []
+
+    def process(self, task: Any, indices: list[int], shard: int = 0, round_: int = 0) -> list[Any]:
+        with self.lock:
+            self.out += len(indices)
+            self.in_flight.append((self.returned, self.out))
+        try:
+            return self.worker.process(task, indices, shard, round_)
+        finally:
+            with self.lock:
+                self.out -= len(indices)
+                self.returned += len(indices)
+
+    def close(self) -> None:
+        self.worker.close()
+
+
+def test_a_worker_gets_what_its_builds_need_in_flight_not_two_batches(pg_url: str) -> None:
+    """scheduler.pool.Lead in a real job: this machine's CPU measures a matmul 128³ candidate in
+    about 0.06 s and builds one in about 0.4 s (7 compiling at once would keep it busy), so once its
+    results are back a worker of batch 16 keeps about 7 + 2 chunks in flight, not two batches (32):
+    what the loop hands out beyond that would wait and be proposed by an older model. Until its
+    first results, it gets the two batches."""
+    from scheduler.local_pool import LocalWorkerPool
+
+    counting: list[_Counting] = []
+
+    def factory(kind: str, count: int, keys: Sequence[str]) -> LocalWorkerPool:
+        pool = LocalWorkerPool.on_this_machine(kind, count, keys)
+        counting.append(_Counting(pool.workers[0]))
+        pool.workers[0] = counting[0]
+        return pool
+
+    store = open_store(pg_url)
+    job_id = store.submit(JobRequest.build([("matmul", {"M": 128, "N": 128, "K": 128})], "llvm", 80, workers=1,
+                                           batch_size=16, search="random"))
+    with Scheduler(store, pool_factory=factory) as scheduler:
+        assert scheduler.claim_and_run(job_id) == "done"
+    trials = store.trials(job_id=job_id)
+    assert len(trials) == 80 and trials["config_index"].is_unique
+    assert max(out for _, out in counting[0].in_flight) > 24  # the start: two batches, nothing known yet
+    later = [out for returned, out in counting[0].in_flight if returned >= 32]
+    assert later and max(later) <= 24, counting[0].in_flight
+
+
 class _RecordedSearches:
     """A task's searches (scheduler.shards.LocalSearches) that record, in order, each proposal's size
     ("propose", n) and each model handed to them ("model", whether it is trained)."""
