@@ -9,9 +9,10 @@ the best latency, and the best latency at each budget.
 Every run is a `python -m farm tune` process on the embedded defaults (local Ray, RPC tracker and
 server, SQLite), each in a new store so that no run learns from another: for each model-guided
 search spec of `--search` (default xgb; with options, `xgb:screen=16`: farm.core.search), `--seeds`
-runs of `--trials` each (seeds 0, 1, ...; stores OUT/xgb-0.db, OUT/xgb-screen16-0.db, ...), then
+runs of `--trials` each (seeds 0, 1, ...; stores OUT/xgb-0.db, OUT/xgb-screen16-0.db, ...), and
 `--random-seeds` runs with `--search random` of `--random-trials` each (seeds 1000, 1001, ...), the
-one baseline every spec is measured against: several specs in one invocation compare settings
+one baseline every spec is measured against, taking turns with them (seed 0 of each spec, random
+1000, seed 1, ...): several specs in one invocation compare settings
 on one device, in one session. With `--history STORE` (a SQLite store of an earlier job of the
 same family on other shapes, such as another run's OUT/xgb-0.db) each guided run's store starts as
 a copy of it instead: the run starts from that family's cost model and trials, as a job on a farm
@@ -253,13 +254,19 @@ def main() -> None:
                  f"{busy or 0:.0%})" if use else " (its job did not end)"), flush=True)
         return np.nan_to_num(latency, nan=np.inf)
 
-    for spec in args.search:
-        for seed in range(args.seeds):
-            run(spec, seed, args.trials, f"{run_name(spec)}-{seed}", args.history)
-    # Seeds 1000, 1001, ...: guided runs start as random search with their own seed until a model
-    # exists, and would share their first configs with a random run of the same seed.
-    random_samples = [sample for seed in range(1000, 1000 + args.random_seeds)
-                      if (sample := run("random", seed, args.random_trials, f"random-{seed}")) is not None]
+    # Guided and random runs take turns (seed 0 of every spec, random 1000, seed 1, random 1001, ...):
+    # a session cut off has random runs to measure the guided ones against (one that ran every guided
+    # run first lost them all with its machine, docs/benchmarks/kernels-2026-11-27e.md). Seeds 1000,
+    # 1001, ...: guided runs start as random search with their own seed until a model exists, and
+    # would share their first configs with a random run of the same seed.
+    random_samples = []
+    for turn in range(max(args.seeds, args.random_seeds)):
+        for spec in args.search if turn < args.seeds else []:
+            run(spec, turn, args.trials, f"{run_name(spec)}-{turn}", args.history)
+        if turn < args.random_seeds:
+            seed = 1000 + turn
+            if (sample := run("random", seed, args.random_trials, f"random-{seed}")) is not None:
+                random_samples.append(sample)
     if not random_samples or not any(r["search"] != "random" for r in runs):
         raise SystemExit("farm_search: no random run or no guided run to compare (--reread: none in "
                          f"{args.out})")

@@ -3,7 +3,8 @@
 # brings back what it has so far, so one long session can span several device calls:
 #   bash bench/gpu_collect.sh SESSION_DIR DEST [WAIT_SECONDS]
 # (or bench/gpu_parallel.sh's, whose runs' logs are in SESSION_DIR/gpu0, gpu1, ...).
-# Waits until SESSION_DIR/DONE exists or WAIT_SECONDS (default 540) pass, prints the session
+# Waits until SESSION_DIR/DONE exists or WAIT_SECONDS (default 300: a machine lost during a call
+# takes that call's results with it) pass, prints the session
 # log's new lines, and packs SESSION_DIR: everything but the stores into DEST/results.tgz, and
 # the stores (SQLite, each with its write-ahead log: a job's trials, their errors and timelines)
 # gzipped into DEST/stores.tar, smallest first, as many as fit STORES_MIB (default 15) in all,
@@ -11,7 +12,7 @@
 # four-GPU session's stores was over that, so the whole call came back empty. Exit 0 when the
 # session is done, 3 while it still runs.
 set -uo pipefail
-DIR=${1:?session folder}; DEST=${2:?destination}; WAIT=${3:-540}
+DIR=${1:?session folder}; DEST=${2:?destination}; WAIT=${3:-300}
 for _ in $(seq "$WAIT"); do [[ -f $DIR/DONE ]] && break; sleep 1; done
 grep -h "^== \|WARNING\|seed [0-9]*: best\|random.s best, median\|^  random:\|relative L2\|median best\|^MetaSchedule\|^ *farm:\|^metaschedule:\|of best\|best after\|zero-shot\|/ tuned\|GPU(s)\|scaling\|warm farm\|Traceback\|Error\|PyTorch \|best measured\|candidates in\|wrong result\|fastest" \
   "$DIR"/*.log "$DIR"/gpu[0-9]/*.log 2>/dev/null | tail -n 60
