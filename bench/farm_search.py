@@ -225,7 +225,8 @@ def main() -> None:
                                     history=history)
         curve, statuses = farm_curve(db)
         store = open_store(f"sqlite:///{db}")
-        job_id = store.jobs(limit=1)[0]["id"]
+        job = store.jobs(limit=1)[0]
+        job_id = job["id"]
         trials = store.trials(job_id=job_id)
         # A trial handed out in round r could be proposed by the model retrained when round r - 1
         # closed, at best: the trials that model learnt from (None before the first close).
@@ -234,8 +235,7 @@ def main() -> None:
         # The device's share of the job's wall time with a candidate on it, and inside timed runs:
         # whether the devices waited for builds. Only of a job that ended (--reread: one cut off has
         # no end to measure its wall time to).
-        finished = store.jobs(limit=1)[0]["finished_at"] is not None
-        use = utilisation(store, job_id) if finished else None
+        use = utilisation(store, job_id) if job["finished_at"] is not None else None
         job_wall = use.wall_seconds if use else None
         measuring = sum(use.measuring_seconds.values()) / job_wall if use and job_wall else None
         busy = sum(use.busy_seconds.values()) / job_wall if use and job_wall else None
