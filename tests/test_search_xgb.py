@@ -212,9 +212,9 @@ def measure_pool(task: Task, indices: list[int]) -> dict[int, float]:
     return out
 
 
-def select(task: Task, pool: dict[int, float], seed: int, budget: int, batch: int, guided: bool) -> float:
-    """Best latency among `budget` configs of the measured `pool` chosen in rounds of `batch`:
-    in a seeded random order, or (guided) after the first round by a cost model retrained on the
+def select(task: Task, pool: dict[int, float], seed: int, budget: int, batch: int, guided: bool) -> list[int]:
+    """`budget` configs of the measured `pool`, in the order chosen, in rounds of `batch`: in a
+    seeded random order, or (guided) after the first round by a cost model retrained on the
     configs chosen so far at each round, as the scheduler retrains, taking the best-scored ones."""
     feats = featurizer(task)
     order = list(np.random.default_rng(seed).permutation(sorted(pool)))
@@ -230,7 +230,13 @@ def select(task: Task, pool: dict[int, float], seed: int, budget: int, batch: in
         model, _, _ = train(trials, task)
         scores = model.predict(feats.features(feats.codes(rest)), feats.names)
         chosen += [rest[k] for k in np.argsort(-scores, kind="stable")[:batch]]
-    return min(pool[i] for i in chosen)
+    return chosen
+
+
+# Timings of one config on this 2-core machine moved by up to 10% between runs of this test (the
+# second-fastest of a pool at 1.07x, 1.14x and 1.19x of its fastest), so two selections of equal
+# worth can differ by that much at the very top.
+TIMING_NOISE = 0.05
 
 
 @pytest.mark.slow
@@ -245,17 +251,29 @@ def test_model_guided_choice_beats_random_on_real_llvm_measurements(workload: st
     independent random samples of 96 configs once each (real TVM builds, timed in this process),
     then compares two selectors over each measured pool at a budget of 24 in rounds of 4, over
     21 seeds: random order, and the XGBoost model retrained each round on what was chosen so far
-    (it needs 8 trials to train, so the first 8 are in random order too). It asserts on the
-    median over pools and seeds of the best latency found, relative to the pool's best (one pool
-    alone sometimes tied: its timings decide which few configs lead). The annealing over the
-    whole space is tested above on synthetic costs; bench/costmodel_search.py runs XGBSearch
-    itself through the farm's workers.
+    (it needs 8 trials to train, so the first 8 are in random order too). Relative to each pool's
+    fastest, medians over pools and seeds:
+
+    - the model's picks (those after the first 8) are faster than random picks, by their
+      geometric mean: what a model that learnt from real timings must do (about 0.7x of random's
+      in runs on 2 cores; asserted at most 0.85x);
+    - the best config found is no slower than random search's, within the timings' noise
+      (TIMING_NOISE): which of a few near-equal configs leads a pool is decided by that noise, and
+      a clean-clone CI run once had the model's median best at 1.022x of its pool's fastest
+      against random's 1.010x. The annealing over the whole space is tested above on synthetic
+      costs; bench/costmodel_search.py and bench/farm_search.py run XGBSearch itself through the
+      farm's workers.
     """
     task = Task(make_workload(workload, params), parse_target("llvm"))
-    random_best, guided_best = [], []
+    best: dict[bool, list[float]] = {False: [], True: []}
+    picks: dict[bool, list[float]] = {False: [], True: []}
     for sample in range(2):
         pool = measure_pool(task, RandomSearch(task, task.space.shards(1)[0], seed=sample).propose(96))
         fastest = min(pool.values())
-        random_best += [select(task, pool, seed, 24, 4, guided=False) / fastest for seed in range(21)]
-        guided_best += [select(task, pool, seed, 24, 4, guided=True) / fastest for seed in range(21)]
-    assert statistics.median(guided_best) < statistics.median(random_best), (guided_best, random_best)
+        for seed in range(21):
+            for guided in (False, True):
+                ratios = [pool[i] / fastest for i in select(task, pool, seed, 24, 4, guided)]
+                best[guided].append(min(ratios))
+                picks[guided].append(float(np.exp(np.mean(np.log(ratios[8:])))))
+    assert statistics.median(picks[True]) < 0.85 * statistics.median(picks[False]), picks
+    assert statistics.median(best[True]) <= (1 + TIMING_NOISE) * statistics.median(best[False]), best
