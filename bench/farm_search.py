@@ -5,6 +5,7 @@ the best latency, and the best latency at each budget.
                                 [--search xgb [xgb:screen=16 ...]] [--seeds 3] [--trials 128]
                                 [--random-trials 384] [--random-seeds 3] [--history STORE]
                                 [--out DIR] [--json FILE]
+    python bench/farm_search.py --merge GUIDED.json RANDOM.json [--out DIR] [--json FILE]
 
 Every run is a `python -m farm tune` process on the embedded defaults (local Ray, RPC tracker and
 server, SQLite), each in a new store so that no run learns from another: for each model-guided
@@ -38,6 +39,10 @@ model that proposed them was (`model_lag`); per run, the share of the job's wall
 had a candidate on it and spent in timed runs (farm.report.utilisation).
 Writes the curves' plot to OUT/curves.png and, with --json, every figure (per spec under
 "searches", every run's trials with their origins under "runs").
+
+A case's guided and random runs can be made on two GPUs at once: `--random-seeds 0` on one and
+`--seeds 0` on the other (each writes its runs, without figures), then `--merge` of the two JSONs
+works the figures out as one invocation would have (a lease's device minutes hold twice the runs).
 """
 
 from __future__ import annotations
@@ -183,10 +188,12 @@ def main() -> None:
     parser.add_argument("--search", nargs="+", default=["xgb"], metavar="SPEC",
                         help="model-guided search specs to run, each --seeds times (farm tune --search: xgb, "
                         "xgb:screen=16, ...), against the same random runs")
-    parser.add_argument("--seeds", type=int, default=3, help="runs of each --search spec (seeds 0, 1, ...)")
+    parser.add_argument("--seeds", type=int, default=3, help="runs of each --search spec (seeds 0, 1, ...); 0: "
+                        "random runs only, for a later --merge (one GPU's share of a case)")
     parser.add_argument("--trials", type=int, default=128, help="trials of each guided run")
     parser.add_argument("--random-trials", type=int, default=384)
-    parser.add_argument("--random-seeds", type=int, default=3, help="random runs (seeds 1000, 1001, ...)")
+    parser.add_argument("--random-seeds", type=int, default=3, help="random runs (seeds 1000, 1001, ...); 0: guided "
+                        "runs only, for a later --merge")
     parser.add_argument("--history", type=Path, help="a store of other shapes of the family each guided run starts "
                         "from (a copy of it); default: a new store")
     parser.add_argument("--out", type=Path, default=Path("/tmp/farm-search"))
@@ -194,7 +201,21 @@ def main() -> None:
     parser.add_argument("--reread", action="store_true", help="run nothing: work the figures out from the stores "
                         "already in --out (OUT/xgb-0.db, OUT/random-1000.db, ...), each as far as its job got (a "
                         "GPU session cut off); runs without a store are left out")
+    parser.add_argument("--merge", type=Path, nargs="+", metavar="JSON", help="run nothing: the figures of the runs "
+                        "of these JSONs of one case together (a case's guided and random runs made on two GPUs at "
+                        "once, each with --seeds 0 or --random-seeds 0); --workload, --search and --trials are "
+                        "taken from them")
     args = parser.parse_args()
+    if args.seeds < 0 or args.random_seeds < 0:
+        raise SystemExit("farm_search: --seeds and --random-seeds are counts of runs, 0 or more")
+    if args.merge:
+        try:
+            case = merged(args.merge)
+        except FarmError as e:
+            raise SystemExit(f"farm_search: {e}") from None
+        args.out.mkdir(parents=True, exist_ok=True)
+        report(*case, args.out, args.json)
+        return
     workload = make_workload(args.workload, dict(p.split("=", 1) for p in args.params) or None)
     try:
         for spec in args.search:
@@ -267,28 +288,65 @@ def main() -> None:
             seed = 1000 + turn
             if (sample := run("random", seed, args.random_trials, f"random-{seed}")) is not None:
                 random_samples.append(sample)
-    if not random_samples or not any(r["search"] != "random" for r in runs):
-        raise SystemExit("farm_search: no random run or no guided run to compare (--reread: none in "
-                         f"{args.out})")
+    report(str(workload), args.target, history, args.search, args.trials, runs, args.out, args.json)
 
-    best = min(float(np.nanmin(r["curve_us"])) for r in runs)
+
+def report(workload: str, target: str, history: str | None, specs: list[str], trials: int, runs: list[dict],
+           out: Path, json_path: Path | None) -> None:
+    """Print and write (`json_path`) the figures of `runs` (`run`'s records, or those of JSONs
+    --merge reads): each guided spec of `specs` against the random runs, in the order they ran, and
+    the curves' plot (OUT/curves.png). Runs of one side only (--seeds 0 or --random-seeds 0, one
+    GPU's share of a case) are written without figures, for a later --merge."""
+    samples = [np.array([np.inf if v is None else v for v in r["latency_us"]]) for r in runs if r["search"] == "random"]
+    guided = [spec for spec in specs if any(r["search"] == spec for r in runs)]
+    curves = {id(r): np.array([np.inf if v is None or np.isnan(v) else v for v in r["curve_us"]]) for r in runs}
+    if not runs:
+        raise SystemExit(f"farm_search: no run to report (--reread: no store in {out})")
+    best = min(float(np.min(c)) for c in curves.values())
     print(f"best of all runs: {best:.2f} µs")
-    figures: dict = {"workload": str(workload), "target": args.target, "history": history, "best_us": best,
-                     "searches": {spec: guided_figures(spec, [np.nan_to_num(r["curve_us"], nan=np.inf)
-                                                              for r in runs if r["search"] == spec],
-                                                       [r["origin"] for r in runs if r["search"] == spec],
-                                                       [r["model_trials"] for r in runs if r["search"] == spec],
-                                                       random_samples, best, args.trials)
-                                  for spec in args.search},
-                     "runs": [{**r, "curve_us": [None if np.isnan(v) else v for v in r["curve_us"]]} for r in runs]}
-    label = f"{workload} on {args.target}"
+    figures: dict = {"workload": workload, "target": target, "history": history, "best_us": best, "searches": {}}
+    if samples and guided:
+        figures["searches"] = {
+            spec: guided_figures(spec, [curves[id(r)] for r in runs if r["search"] == spec],
+                                 [r["origin"] for r in runs if r["search"] == spec],
+                                 [r["model_trials"] for r in runs if r["search"] == spec], samples, best, trials)
+            for spec in guided}
+    else:
+        print("only " + ("random" if samples else "guided") + " runs here: nothing to compare; merge this JSON with "
+              "one of the other side's runs of the same case (--merge A.json B.json)")
+    figures["runs"] = [{**r, "curve_us": [None if math.isinf(v) else float(v) for v in curves[id(r)]]} for r in runs]
+    label = f"{workload} on {target}"
     walls = [r["wall_s"] or r["job_wall_s"] for r in runs]  # --reread: the job's, none for one cut off
     plot = plot_curves([Curve(f"{r['search']} seed {r['seed']} ({f'{wall:.0f} s' if wall else 'cut off'})", label,
-                              r["curve_us"]) for r, wall in zip(runs, walls, strict=True)], args.out / "curves.png")
+                              [None if math.isinf(v) else float(v) for v in curves[id(r)]])
+                        for r, wall in zip(runs, walls, strict=True)], out / "curves.png")
     print(f"tuning curves: {plot}")
-    if args.json:
-        args.json.write_text(json.dumps(figures, indent=1))
+    if json_path:
+        json_path.write_text(json.dumps(figures, indent=1))
 
+
+def merged(paths: list[Path]) -> tuple[str, str, str | None, list[str], int, list[dict]]:
+    """(workload, target, history, guided specs, guided trials, runs) of farm_search JSONs of one case,
+    their runs in the order given; FarmError if they are of different cases or settings."""
+    loaded = []
+    for path in paths:
+        try:
+            loaded.append(json.loads(path.read_text()))
+        except (OSError, json.JSONDecodeError) as e:
+            raise FarmError(f"--merge {path}: not a farm_search JSON ({e})") from None
+    cases = {(d.get("workload"), d.get("target"), d.get("history")) for d in loaded}
+    if len(cases) != 1 or any("runs" not in d for d in loaded):
+        raise FarmError("--merge: give JSONs of one workload, target and history, each with its runs; got "
+                        + "; ".join(f"{p}: {d.get('workload')} on {d.get('target')}" for p, d in zip(paths, loaded,
+                                                                                                  strict=True)))
+    runs = [r for d in loaded for r in d["runs"]]
+    seen = [(r["search"], r["seed"]) for r in runs]
+    if len(set(seen)) != len(seen):
+        raise FarmError("--merge: a run is in two of the JSONs (the same search and seed); give each run once")
+    specs = list(dict.fromkeys(r["search"] for r in runs if r["search"] != "random"))
+    trials = max((len(r["curve_us"]) for r in runs if r["search"] != "random"), default=0)
+    workload, target, history = cases.pop()
+    return workload, target, history, specs, trials, runs
 
 if __name__ == "__main__":
     main()
