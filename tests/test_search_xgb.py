@@ -163,28 +163,6 @@ def test_screened_exploration_takes_the_best_scored_of_uniform_draws(resnet_cuda
     assert spread(picks) >= spread(uniform) - 1
 
 
-def test_a_pool_plan_ranks_one_uniform_sample_until_pool_trials(resnet_cuda: tuple[Task, CostModel]) -> None:
-    """With `pool`, the plan's picks are the best-scored unseen configs of one fixed uniform sample
-    of valid configs until the shard has `pool_trials` results; then it anneals over the whole
-    space again and finds configs the model rates above every one of the sample."""
-    task, model = resnet_cuda
-    search = XGBSearch(task, task.space.shards(1)[0], seed=2, epsilon=0.0, pool=200, pool_trials=32)
-    search.set_model(model)
-    first = search.propose(16) + search.propose(16)
-    pool = search._pool_indices().tolist()
-    assert len(pool) == len(set(pool)) == 200 and all(task.check(task.space.get(i)) is None for i in pool)
-    feats = featurizer(task)
-
-    def score(indices: list[int]) -> np.ndarray:
-        return model.predict(feats.features(feats.codes(np.array(indices))), feats.names)
-
-    assert set(first) <= set(pool) and len(set(first)) == 32
-    assert score(first).min() >= np.sort(score(pool))[-48]  # the sample's top, but for near-duplicates
-    search.observe([MeasureResult(i, {}, Status.OK, latencies=[1e-4]) for i in first])
-    later = search.propose(16)
-    assert not set(later) & set(pool) and np.median(score(later)) > score(pool).max()
-
-
 @pytest.mark.parametrize(("epsilon", "expected"), [(0.0, {"plan"}), (1.0, {"explore"}), (0.5, {"plan", "explore"})])
 def test_each_proposal_says_what_proposed_it(resnet_cuda: tuple[Task, CostModel], epsilon: float,
                                              expected: set[str]) -> None:

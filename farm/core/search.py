@@ -188,13 +188,6 @@ class XGBSearch(RandomSearch):
       greedily by score minus a distance penalty: one standard deviation of the scores for
       every already picked config it differs from in fewer than `min_distance` knobs.
 
-    - With `pool` N, until the shard has `pool_trials` results, the plan ranks one fixed uniform
-      sample of N valid configs of the shard instead of the chains' configs (each plan the
-      best-scored of the sample not yet seen). A fixed sample is worked down: every plan's picks
-      that turn out slow teach the model about the sample's next-best, where the annealing's
-      candidates, fresh each plan, are the highest-scored of the whole space and so the ones the
-      early model overrates most. Then the plan anneals from the best configs found.
-
     Every batch takes a share `epsilon` of its configs from screened exploration, the rest from
     the plan: each exploratory config is the best-scored of `screen` configs drawn uniformly from
     the shard's unseen valid ones. Half and 32 by default, because of where the model puts what
@@ -224,18 +217,15 @@ class XGBSearch(RandomSearch):
     guided = True
     OPTIONS: ClassVar[dict[str, tuple[type, float, float]]] = {
         "epsilon": (float, 0.0, 1.0), "screen": (int, 1, 1024), "chains": (int, 1, 4096), "steps": (int, 1, 1024),
-        "min_distance": (int, 0, 64), "plan_size": (int, 1, 1024), "quick_first": (int, 0, 1024),
-        "pool": (int, 0, 65536), "pool_trials": (int, 0, 1_000_000)}
+        "min_distance": (int, 0, 64), "plan_size": (int, 1, 1024), "quick_first": (int, 0, 1024)}
 
     def __init__(self, task: Task, shard: Shard, seed: int = 0, *, epsilon: float = 0.5, screen: int = 32,
                  chains: int = 256, steps: int = 64, min_distance: int = 2, plan_size: int = 32,
-                 quick_first: int = QUICK_FIRST, pool: int = 0, pool_trials: int = 96) -> None:
+                 quick_first: int = QUICK_FIRST) -> None:
         super().__init__(task, shard, seed)
         self._seed = seed
         self.epsilon, self.screen, self.chains, self.steps = epsilon, screen, chains, steps
         self.min_distance, self.plan_size = min_distance, plan_size
-        self.pool, self.pool_trials = pool, pool_trials
-        self._pool: np.ndarray | None = None  # the pool's config indices, drawn at its first plan
         self.model: CostModel | None = None
         self._np = np.random.default_rng([seed, shard.number, shard.count])
         self._plan: list[int] = []
@@ -364,9 +354,6 @@ class XGBSearch(RandomSearch):
         if self.shard.size <= self.chains * (self.steps + 1):
             indices = np.arange(self.shard.number, self.task.space.size, self.shard.count, dtype=np.int64)
             return indices, self._score(feats.codes(indices))
-        if self.pool and len(self._measured) < self.pool_trials:
-            indices = self._pool_indices()
-            return indices, self._score(feats.codes(indices))
         codes = self._starts()
         scores = self._score(codes)
         # A copy: `scores` follows the chains (updated in place below), the visited list must
@@ -390,24 +377,6 @@ class XGBSearch(RandomSearch):
         all_scores = np.concatenate(visited_scores)
         unique, first = np.unique(indices, return_index=True)
         return unique, all_scores[first]
-
-    def _pool_indices(self) -> np.ndarray:
-        """The plan's fixed pool: up to `pool` valid configs of the shard drawn uniformly once, at the
-        first plan (configs measured meanwhile stay in it; the plan skips what is `seen`)."""
-        if self._pool is None:
-            drawn: set[int] = set()
-            pool: list[int] = []
-            for _ in range(_MAX_REJECTS // 256):
-                for position in self._np.integers(0, self.shard.size, size=256).tolist():
-                    index = self.shard.index(position)
-                    if index not in drawn:
-                        drawn.add(index)
-                        if self._is_valid(index):
-                            pool.append(index)
-                if len(pool) >= self.pool:
-                    break
-            self._pool = np.array(pool[: self.pool], dtype=np.int64)
-        return self._pool
 
     def _starts(self) -> np.ndarray:
         """Codes of the chains' starting points: the shard's best measured configs (up to a fifth of

@@ -1,0 +1,72 @@
+"""bench/farm_search.py --merge: a case's guided and random runs, made on two GPUs at once and
+written to two JSONs, give the figures one invocation would have given; bad input is refused with
+one line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKLOAD = "matmul(M=64,N=64,K=64,dtype=float32)"
+
+
+def run_record(search: str, seed: int, latency_us: list[float | None]) -> dict:
+    """One run as farm_search writes it: its trials' latencies, best-so-far curve and origins."""
+    curve, best = [], float("inf")
+    for v in latency_us:
+        best = min(best, v if v is not None else float("inf"))
+        curve.append(None if best == float("inf") else best)
+    origin = ["random"] * len(latency_us) if search == "random" else ["random"] * 4 + ["plan"] * (len(latency_us) - 4)
+    return {"search": search, "seed": seed, "wall_s": 1.0, "job_wall_s": 1.0, "measuring_share": None,
+            "busy_share": None, "statuses": {"ok": len(latency_us)}, "curve_us": curve,
+            "config_index": list(range(len(latency_us))), "latency_us": latency_us, "origin": origin,
+            "model_trials": [None] * 4 + [4] * (len(latency_us) - 4)}
+
+
+def write(path: Path, runs: list[dict], workload: str = WORKLOAD) -> Path:
+    path.write_text(json.dumps({"workload": workload, "target": "llvm", "history": None, "runs": runs}))
+    return path
+
+
+def merge(tmp_path: Path, *jsons: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "bench/farm_search.py", "--merge", *map(str, jsons), "--out",
+                           str(tmp_path / "out"), "--json", str(tmp_path / "merged.json")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+def test_merge_gives_issue_15s_measure_of_the_two_sides(tmp_path: Path) -> None:
+    # Random runs of 15 trials whose bests are 10, 20 and 30 µs, one trial each: (15 + 1) / 2 = 8
+    # trials expected to each. The guided runs (12 trials) reach 30 and 20 µs at trials 2, 4, 6
+    # (median 4: 2x) and 10 µs at trials 5, 7 and never (median 7: 8 / 7).
+    random = [run_record("random", 1000 + k, [best] + [100.0 + j for j in range(14)])
+              for k, best in enumerate((10.0, 20.0, 30.0))]
+    guided = [run_record("xgb", 0, [50.0, 20.0, 40.0, 40.0, 10.0] + [60.0] * 7),
+              run_record("xgb", 1, [50.0, 40.0, 40.0, 20.0, 40.0, 40.0, 10.0] + [60.0] * 5),
+              run_record("xgb", 2, [50.0] * 5 + [20.0] + [60.0] * 6)]
+    done = merge(tmp_path, write(tmp_path / "guided.json", guided), write(tmp_path / "random.json", random))
+    assert done.returncode == 0, done.stderr
+    figures = json.loads((tmp_path / "merged.json").read_text())["searches"]["xgb"]
+    ratios = {c["latency_us"]: (c["guided_median"], c["ratio"]) for c in figures["to_random_best"]}
+    assert ratios[20.0] == (4, 2.0) and ratios[10.0] == (7, pytest.approx(8 / 7))
+    assert figures["to_random_best_median_ratio"] == 2.0  # the middle of 8 / 7, 2 and 2
+    assert (tmp_path / "out" / "curves.png").is_file()
+
+
+@pytest.mark.parametrize("bad", ["other case", "a run twice", "not json"])
+def test_merge_refuses_runs_of_other_cases_or_given_twice_in_one_line(tmp_path: Path, bad: str) -> None:
+    guided = write(tmp_path / "guided.json", [run_record("xgb", 0, [5.0] * 8)])
+    if bad == "other case":
+        other = write(tmp_path / "other.json", [run_record("random", 1000, [4.0] * 8)], "matmul(M=8,N=8,K=8)")
+    elif bad == "a run twice":
+        other = guided
+    else:
+        other = tmp_path / "broken.json"
+        other.write_text("{")
+    done = merge(tmp_path, guided, other)
+    assert done.returncode != 0 and not (tmp_path / "merged.json").exists()
+    assert len(done.stderr.strip().splitlines()) == 1 and done.stderr.startswith("farm_search: --merge")
