@@ -100,7 +100,9 @@ def model_lag(model_trials: list[list[int | None]]) -> dict[str, float] | None:
     """How far behind its trials the model that proposed them was: over every trial of the runs
     handed out after a model could exist, its position (1-based) minus the trials the newest model
     it could have been proposed by had learnt from (`run["model_trials"]`); at least that old, since
-    a retraining takes a moment to arrive. Median, p10 and p90; None if no trial had a model."""
+    a retraining takes a moment to arrive. Median, p10 and p90; None if no trial had a model. Only the
+    rounds' models are recorded: with XGBSearch's `refresh`, whose models between rounds are not,
+    this is an upper bound."""
     lags = [t - m for run in model_trials for t, m in enumerate(run, start=1) if m is not None]
     if not lags:
         return None

@@ -7,6 +7,8 @@ The scheduler's tuning loop (scheduler.tuner) calls, per task:
 - `retrain(store, row, task, current, results)` at each round close, after the round's
   results are flushed to the store and before the round is recorded; the model it returns
   guides the next round (`XGBSearch.set_model`) and is `current` at the next round close.
+- `refreshed(store, row, task)` between round closes, for a search that asks for it
+  (XGBSearch's `refresh`): a model trained the same way, handed to the searches and not saved.
 """
 
 from __future__ import annotations
@@ -80,3 +82,15 @@ def retrain(store: ResultStore, row: dict[str, Any], task: Task, previous: Store
     log.info("task %s: cost model %d trained on %d trials in %.2f s (previous model's rank correlation %s)",
              row["id"], model_id, len(data), seconds, "n/a" if rank_corr is None else f"{rank_corr:.2f}")
     return Retrained(StoredModel(model, model_id), rank_corr, len(data), seconds)
+
+
+def refreshed(store: ResultStore, row: dict[str, Any], task: Task,
+              max_trials: int = MAX_TRAINING_TRIALS) -> StoredModel | None:
+    """A model trained on the family's trials as `retrain` trains one, kept in memory only (model_id
+    None: no row in the store, so a job saves one model per round however often it refreshes);
+    None when the trials teach nothing yet."""
+    model, data, seconds = train(store.trials_for_family(row["family_key"], limit=max_trials), task)
+    if not model.trained:
+        return None
+    log.debug("task %s: cost model refreshed on %d trials in %.2f s", row["id"], len(data), seconds)
+    return StoredModel(model, None)

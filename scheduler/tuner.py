@@ -13,7 +13,10 @@ Work flows as a stream of small chunks rather than batches that wait for one ano
 - A round closes every `pool.size * batch_size` results: the writer is flushed, and the shared
   cost model is retrained on every trial of the task's family in a background thread; the new
   model reaches every shard's search before its next proposal. Chunks go on flowing meanwhile,
-  guided by the previous model until the new one arrives.
+  guided by the previous model until the new one arrives. A search with `refresh` N (XGBSearch)
+  also gets a model retrained between round closes, in the same thread while it has nothing
+  else to do, whenever N results have come in since the last training began: kept in memory,
+  not saved, and not a round (scheduler.retrain.refreshed).
 - A worker that joins mid-task (a GPU node joined the cluster: WorkerPool.grow, asked once a
   second) gets work at once, searching the shard of an earlier worker (worker i, shard i mod
   the shards): a shard's search never proposes a config twice, whoever asks.
@@ -62,13 +65,13 @@ from typing import Any
 from db.store import ResultStore
 from db.writer import ResultWriter
 from farm.core import metrics
-from farm.core.costmodel import warm_up
+from farm.core.costmodel import StoredModel, warm_up
 from farm.core.errors import FarmError, one_line
 from farm.core.measure import MeasureResult, Status
 from farm.core.search import parse_search
 from farm.core.task import Task
 from scheduler.pool import QUEUE_DEPTH, Lead, WorkerPool
-from scheduler.retrain import Retrained, retrain, starting_model
+from scheduler.retrain import Retrained, refreshed, retrain, starting_model
 from scheduler.shards import Proposal, ShardSearches
 
 log = logging.getLogger("farm.scheduler")
@@ -139,9 +142,11 @@ def run_job(
                 searches = pool.searches(search, task, seed, measured)
                 log.info("task %s: %d shard searches (%s) started in %.1f s", row["id"], searches.count, search,
                          time.monotonic() - start)
+                strategy, options = parse_search(search)
                 try:
                     loop = _TaskLoop(store, writer, job_id, row, task, pool, searches, batch_size, report,
-                                     len(measured), should_stop, guided=parse_search(search)[0].guided)
+                                     len(measured), should_stop, guided=strategy.guided,
+                                     refresh=int(options.get("refresh", 0)))
                     status = loop.run(stall_seconds)
                 finally:
                     searches.close()
@@ -173,9 +178,9 @@ class _TaskLoop:
     def __init__(self, store: ResultStore, writer: ResultWriter, job_id: int, row: dict[str, Any], task: Task,
                  pool: WorkerPool, searches: ShardSearches, batch_size: int,
                  report: Callable[[int, float | None, list[MeasureResult]], None], done: int,
-                 should_stop: Callable[[], bool], guided: bool = False) -> None:
+                 should_stop: Callable[[], bool], guided: bool = False, refresh: int = 0) -> None:
         """`guided`: whether the searches follow the cost model (the first model's wait, module
-        docstring)."""
+        docstring); `refresh`: results between refreshes of the model (0: none; module docstring)."""
         self.store, self.writer, self.job_id, self.row, self.task = store, writer, job_id, row, task
         self.should_stop = should_stop
         self.pool, self.searches, self.report = pool, searches, report
@@ -205,6 +210,10 @@ class _TaskLoop:
         self.retry: list[_Chunk] = []  # chunks whose worker died: to measure again
         self.round_results: list[MeasureResult] = []
         self.retraining: cf.Future[Retrained] | None = None
+        self.refresh = refresh
+        self.refreshing: cf.Future[StoredModel | None] | None = None
+        self.since_training = 0  # results since the last training (a round's or a refresh) began
+        self.refreshes = 0
         self.closing: tuple[int, int, float | None, int | None] = (0, 0, None, None)  # round, done, best, guide
         self.round_started = self.started_at = time.monotonic()
         self.exhausted = False
@@ -239,8 +248,7 @@ class _TaskLoop:
                     continue
                 self.no_worker_since = None
                 waiting: list[cf.Future[Any]] = [*self.proposals, *self.running]
-                if self.retraining is not None:
-                    waiting.append(self.retraining)
+                waiting += [f for f in (self.retraining, self.refreshing) if f is not None]
                 # Waking for the end game too, when a worker's grace ends before anything finishes.
                 wake = self._end_game_wake()
                 finished, _ = cf.wait(waiting, timeout=stall_seconds if wake is None else min(wake, stall_seconds),
@@ -256,6 +264,8 @@ class _TaskLoop:
                 for future in finished:
                     if future is self.retraining:
                         self._retrained()
+                    elif future is self.refreshing:
+                        self._refreshed()
                     elif future in self.proposals:
                         self._proposed(future)
                     else:
@@ -266,9 +276,13 @@ class _TaskLoop:
                     self._grow()
                 if len(self.round_results) >= self.round_size:
                     self._close_round()
+                elif self._refresh_due():
+                    self._refresh()
                 self._queue_metrics()
         finally:
             self._trainer.shutdown(wait=True)
+        if self.refresh:
+            log.info("task %s: cost model refreshed %d times between rounds", self.task_id, self.refreshes)
         return "cancelled" if self.cancelled else "done"
 
     def _stopped(self) -> bool:
@@ -440,6 +454,7 @@ class _TaskLoop:
             self.writer.add(self.task_id, r)
         self.searches.observe(chunk.shard, results)
         self.round_results.extend(results)
+        self.since_training += len(results)
         self.done += len(results)
         self.best = _best(self.best, results)
         self.report(self.done, self.best, results)
@@ -456,7 +471,29 @@ class _TaskLoop:
         self.closing = (self.round, self.done, self.best, self.current.model_id if self.current else None)
         self.retraining = self._trainer.submit(retrain, self.store, self.row, self.task, self.current,
                                                self.round_results)
-        self.round, self.round_results = self.round + 1, []
+        self.round, self.round_results, self.since_training = self.round + 1, [], 0
+
+    def _refresh_due(self) -> bool:
+        """Whether to refresh the model now: asked for, a model to refresh, `refresh` results since the
+        last training began, the training thread idle, and configs still to hand out."""
+        return bool(self.refresh and self.retraining is None and self.refreshing is None and self._has_model()
+                    and self.since_training >= self.refresh and self._left() > 0 and not self.cancelled)
+
+    def _refresh(self) -> None:
+        self.writer.flush()  # the training reads every trial of the family from the store
+        self.since_training = 0
+        self.refreshing = self._trainer.submit(refreshed, self.store, self.row, self.task)
+
+    def _refreshed(self) -> None:
+        """Hand the refreshed model to the searches, unless a round's retraining began since: its
+        model, from more trials, replaces it anyway. The round keeps `current` (the saved model it
+        started with) for its record."""
+        assert self.refreshing is not None
+        model = self.refreshing.result()
+        self.refreshing = None
+        if model is not None and self.retraining is None:
+            self.searches.set_model(model)
+            self.refreshes += 1
 
     def _retrained(self) -> None:
         assert self.retraining is not None

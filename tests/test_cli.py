@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -121,6 +122,25 @@ def test_tune_end_to_end_on_llvm(tmp_path: Path) -> None:
     assert status == "done"
     best = min(r[2] for r in rows if r[1] == "ok")
     assert rec["latency_us"] == pytest.approx(best * 1e6)
+
+
+def test_a_refreshed_model_guides_between_rounds_and_is_not_saved(tmp_path: Path) -> None:
+    """`--search xgb:refresh=4`: besides each round's retraining, the model is retrained whenever 4
+    results have come in and the training thread is idle, in memory only. The job says how often;
+    its rounds are a job's without refreshes (one per 16 results, the default batch), and the store
+    holds one model per round's retraining, none per refresh."""
+    db = f"sqlite:///{tmp_path}/farm.db"
+    proc = farm("tune", "matmul", "M=64", "N=64", "K=64", "--trials", "48", "--search", "xgb:refresh=4",
+                "--db", db, "-v", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found = re.search(r"cost model refreshed (\d+) times between rounds", proc.stderr)
+    assert found and int(found.group(1)) >= 1, proc.stderr[-3000:]
+    task = json.loads(farm("status", "1", "--json", "--db", db, cwd=tmp_path).stdout)["tasks"][0]
+    trials = [r["trials"] for r in task["rounds"]]
+    assert trials[0] >= 16 and trials[-1] == 48 and trials == sorted(set(trials)) and len(trials) <= 3
+    with sqlite3.connect(tmp_path / "farm.db") as con:
+        (models,) = con.execute("SELECT count(*) FROM cost_models").fetchone()
+    assert models == len(trials)
 
 
 def test_visible_gpus_are_those_cuda_visible_devices_names() -> None:
