@@ -299,11 +299,14 @@ def report(workload: str, target: str, history: str | None, specs: list[str], tr
     --merge reads): each guided spec of `specs` against the random runs, in the order they ran, and
     the curves' plot (OUT/curves.png). Runs of one side only (--seeds 0 or --random-seeds 0, one
     GPU's share of a case) are written without figures, for a later --merge."""
-    samples = [np.array([np.inf if v is None else v for v in r["latency_us"]]) for r in runs if r["search"] == "random"]
-    guided = [spec for spec in specs if any(r["search"] == spec for r in runs)]
-    curves = {id(r): np.array([np.inf if v is None or np.isnan(v) else v for v in r["curve_us"]]) for r in runs}
     if not runs:
         raise SystemExit(f"farm_search: no run to report (--reread: no store in {out})")
+    samples = [np.array([np.inf if v is None else v for v in r["latency_us"]]) for r in runs if r["search"] == "random"]
+    guided = [spec for spec in specs if any(r["search"] == spec for r in runs)]
+    # Each run's best-so-far curve as JSON and the plot take it (None before a first result) and
+    # as the figures take it (inf there): a run's record has NaN there, a JSON's None.
+    listed = {id(r): [None if v is None or np.isnan(v) else float(v) for v in r["curve_us"]] for r in runs}
+    curves = {key: np.array([np.inf if v is None else v for v in curve]) for key, curve in listed.items()}
     best = min(float(np.min(c)) for c in curves.values())
     print(f"best of all runs: {best:.2f} µs")
     figures: dict = {"workload": workload, "target": target, "history": history, "best_us": best, "searches": {}}
@@ -316,11 +319,11 @@ def report(workload: str, target: str, history: str | None, specs: list[str], tr
     else:
         print("only " + ("random" if samples else "guided") + " runs here: nothing to compare; merge this JSON with "
               "one of the other side's runs of the same case (--merge A.json B.json)")
-    figures["runs"] = [{**r, "curve_us": [None if math.isinf(v) else float(v) for v in curves[id(r)]]} for r in runs]
+    figures["runs"] = [{**r, "curve_us": listed[id(r)]} for r in runs]
     label = f"{workload} on {target}"
     walls = [r["wall_s"] or r["job_wall_s"] for r in runs]  # --reread: the job's, none for one cut off
     plot = plot_curves([Curve(f"{r['search']} seed {r['seed']} ({f'{wall:.0f} s' if wall else 'cut off'})", label,
-                              [None if math.isinf(v) else float(v) for v in curves[id(r)]])
+                              listed[id(r)])
                         for r, wall in zip(runs, walls, strict=True)], out / "curves.png")
     print(f"tuning curves: {plot}")
     if json_path:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from db.store import ResultStore
-from farm.core.costmodel import CostModel, StoredModel, load_model, rank_correlation, train
+from farm.core.costmodel import CostModel, StoredModel, TrainingSet, load_model, rank_correlation, train
 from farm.core.measure import MeasureResult
 from farm.core.task import Task
 
@@ -72,8 +72,7 @@ def retrain(store: ResultStore, row: dict[str, Any], task: Task, previous: Store
         rank_corr = rank_correlation(previous.model, task, results)
         if rank_corr is not None and previous.model_id is not None:
             store.set_model_rank_corr(previous.model_id, rank_corr)
-    trials = store.trials_for_family(row["family_key"], limit=max_trials)
-    model, data, seconds = train(trials, task)
+    model, data, seconds = _family_model(store, row, task, max_trials)
     if not model.trained:
         log.info("task %s: %d trials teach the cost model nothing yet", row["id"], len(data))
         return Retrained(previous or StoredModel(CostModel(), None), rank_corr, 0, seconds)
@@ -89,8 +88,15 @@ def refreshed(store: ResultStore, row: dict[str, Any], task: Task,
     """A model trained on the family's trials as `retrain` trains one, kept in memory only (model_id
     None: no row in the store, so a job saves one model per round however often it refreshes);
     None when the trials teach nothing yet."""
-    model, data, seconds = train(store.trials_for_family(row["family_key"], limit=max_trials), task)
+    model, data, seconds = _family_model(store, row, task, max_trials)
     if not model.trained:
         return None
     log.debug("task %s: cost model refreshed on %d trials in %.2f s", row["id"], len(data), seconds)
     return StoredModel(model, None)
+
+
+def _family_model(store: ResultStore, row: dict[str, Any], task: Task,
+                  max_trials: int) -> tuple[CostModel, TrainingSet, float]:
+    """A fresh model trained on the newest `max_trials` trials of the task's family, all shapes
+    (`farm.core.costmodel.train`'s model, training set and seconds)."""
+    return train(store.trials_for_family(row["family_key"], limit=max_trials), task)

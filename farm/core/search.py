@@ -234,8 +234,7 @@ class XGBSearch(RandomSearch):
         self._seed = seed
         self.epsilon, self.screen, self.chains, self.steps = epsilon, screen, chains, steps
         self.min_distance, self.plan_size = min_distance, plan_size
-        # Read by the tuning loop, not here (scheduler.tuner: a model refreshed between round closes).
-        self.refresh = refresh
+        del refresh  # the tuning loop's setting, which it reads from the spec (scheduler.tuner), not the search's
         self.model: CostModel | None = None
         self._np = np.random.default_rng([seed, shard.number, shard.count])
         self._plan: list[int] = []
