@@ -3,8 +3,8 @@ the best latency, and the best latency at each budget.
 
     python bench/farm_search.py [--workload resnet-last-conv] [--params k=v ...] [--target cuda]
                                 [--search xgb [xgb:screen=16 ...]] [--seeds 3] [--trials 128]
-                                [--random-trials 384] [--random-seeds 3] [--history STORE]
-                                [--out DIR] [--json FILE]
+                                [--random-trials 384] [--random-seeds 3] [--first-seed 0]
+                                [--history STORE] [--out DIR] [--json FILE]
     python bench/farm_search.py --merge GUIDED.json RANDOM.json [--out DIR] [--json FILE]
 
 Every run is a `python -m farm tune` process on the embedded defaults (local Ray, RPC tracker and
@@ -43,6 +43,8 @@ Writes the curves' plot to OUT/curves.png and, with --json, every figure (per sp
 A case's guided and random runs can be made on two GPUs at once: `--random-seeds 0` on one and
 `--seeds 0` on the other (each writes its runs, without figures), then `--merge` of the two JSONs
 works the figures out as one invocation would have (a lease's device minutes hold twice the runs).
+With `--first-seed N` the runs are seeds N, N+1, ... and 1000 + N, ...: a case's runs spread over
+more GPUs than two, each taking its own seeds, merge as those of one invocation would.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ import json
 import math
 import statistics
 from collections import Counter
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -110,22 +113,37 @@ def model_lag(model_trials: list[list[int | None]]) -> dict[str, float] | None:
     return {"median": float(p50), "p10": float(p10), "p90": float(p90), "trials": len(lags)}
 
 
-def guided_figures(spec: str, curves: list[np.ndarray], origins: list[list[str | None]],
-                   model_trials: list[list[int | None]], random_samples: list[np.ndarray], best: float,
+def hits_by_origin(latencies: list[np.ndarray], origins: list[list[str | None]], threshold: float,
+                   trials: int) -> dict[str, list[tuple[int, int]]]:
+    """Per origin of the trials (farm.core.search.ORIGINS, "unknown" where the store does not say),
+    per quarter of the budget of `trials`: (trials at or under `threshold` µs, trials) over the runs."""
+    edges = np.linspace(0, trials, 5).round().astype(int)
+    out: dict[str, list[tuple[int, int]]] = {}
+    for latency, run in zip(latencies, origins, strict=True):
+        for quarter, (start, end) in enumerate(pairwise(edges)):
+            for value, origin in zip(latency[start:end], run[start:end], strict=True):
+                row = out.setdefault(origin or "unknown", [(0, 0)] * 4)
+                hits, seen = row[quarter]
+                row[quarter] = (hits + int(value <= threshold), seen + 1)
+    return out
+
+
+def guided_figures(spec: str, curves: list[np.ndarray], latencies: list[np.ndarray], origins: list[list[str | None]],
+                   model_trials: list[list[int | None]], random_samples: dict[int, np.ndarray], best: float,
                    trials: int) -> dict:
-    """The figures of one guided search's runs (their best-so-far curves, µs, inf before a first
-    result, what proposed each trial: farm.core.search.ORIGINS, None where the store does not say,
-    and the trials its newest possible model had learnt from: `model_lag`) against the random runs'
-    samples (µs per trial, inf where failed), `best` the fastest latency of any run; printed, one
-    line each, and returned for the JSON."""
+    """The figures of one guided search's runs (their best-so-far curves and each trial's latency,
+    µs, inf before a first result or where failed, what proposed each trial: farm.core.search.ORIGINS,
+    None where the store does not say, and the trials its newest possible model had learnt from:
+    `model_lag`) against the random runs' samples by seed (µs per trial, inf where failed), `best`
+    the fastest latency of any run; printed, one line each, and returned for the JSON."""
     lag = model_lag(model_trials)
     if lag is not None:
         print(f"  {spec} model lag: a trial came {lag['median']:.0f} trials (p10 {lag['p10']:.0f}, p90 "
               f"{lag['p90']:.0f}) after the last trial the newest model it could have been proposed by "
-              f"had learnt from ({lag['trials']} trials)")
+              f"had learnt from ({lag['trials']} trials; the rounds' models only)")
     # The random runs are independent uniform samples: pooled, they estimate random search's
     # trials to a latency better than one run does.
-    pooled = np.concatenate(random_samples)
+    pooled = np.concatenate(list(random_samples.values()))
     figures: dict = {"thresholds": {}, "model_lag": lag}
     for fraction in (0.95, 0.90):
         threshold = best / fraction
@@ -146,7 +164,7 @@ def guided_figures(spec: str, curves: list[np.ndarray], origins: list[list[str |
     # median is one while most did; a random run whose guided median is such a bound counts as a
     # ratio of 0, and of an even number of random runs the lower middle ratio is the median.
     comparisons = []
-    for seed, sample in enumerate(random_samples, start=1000):
+    for seed, sample in random_samples.items():
         random_best = float(np.min(sample))
         guided = [trials_to(c, random_best) for c in curves]
         median = statistics.median(math.inf if t is None else t for t in guided)
@@ -167,6 +185,15 @@ def guided_figures(spec: str, curves: list[np.ndarray], origins: list[list[str |
                            for t in np.nonzero(curve < np.concatenate([[np.inf], curve[:-1]]))[0])
     figures["improvements_by_origin"] = dict(improvements)
     print(f"  {spec} new bests by origin: " + ", ".join(f"{o} {n}" for o, n in sorted(improvements.items())))
+    # How often each part of the search proposed a fast config, over the budget: the plan's yield
+    # grows with the model while exploration's stays low (docs/benchmarks/kernels-2026-11-27h.md),
+    # which is what a share of exploration that changes over a run would weigh.
+    near = 1.05 * statistics.median(float(np.min(sample)) for sample in random_samples.values())
+    yields = hits_by_origin(latencies, origins, near, trials)
+    figures["hits_by_origin"] = {"threshold_us": near, "quarters_of": trials, "hits_trials": yields}
+    print(f"  {spec} trials within 5% of the median random best ({near:.2f} µs), hits/trials per quarter of "
+          f"{trials} trials: " + "; ".join(f"{o} " + " ".join(f"{h}/{n}" for h, n in row)
+                                            for o, row in sorted(yields.items())))
     median_ratio = statistics.median_low(c["ratio"] or 0.0 for c in comparisons)
     figures["to_random_best"] = comparisons
     figures["to_random_best_median_ratio"] = median_ratio or None
@@ -196,6 +223,9 @@ def main() -> None:
     parser.add_argument("--random-trials", type=int, default=384)
     parser.add_argument("--random-seeds", type=int, default=3, help="random runs (seeds 1000, 1001, ...); 0: guided "
                         "runs only, for a later --merge")
+    parser.add_argument("--first-seed", type=int, default=0, help="the first seed of the guided runs (then N+1, ...) "
+                        "and, plus 1000, of the random runs: a case's runs spread over several GPUs, each taking its "
+                        "own seeds, for a later --merge")
     parser.add_argument("--history", type=Path, help="a store of other shapes of the family each guided run starts "
                         "from (a copy of it); default: a new store")
     parser.add_argument("--out", type=Path, default=Path("/tmp/farm-search"))
@@ -210,6 +240,11 @@ def main() -> None:
     args = parser.parse_args()
     if args.seeds < 0 or args.random_seeds < 0:
         raise SystemExit("farm_search: --seeds and --random-seeds are counts of runs, 0 or more")
+    if not 0 <= args.first_seed < 1000 - args.seeds:
+        # Guided runs begin as random search with their own seed: one of 1000 or more would share its
+        # first configs with the random run of that seed.
+        raise SystemExit(f"farm_search: --first-seed {args.first_seed}: the guided seeds must stay under 1000 "
+                         "(the random runs' seeds)")
     if args.merge:
         try:
             case = merged(args.merge)
@@ -234,15 +269,15 @@ def main() -> None:
           flush=True)
     runs = []
 
-    def run(search: str, seed: int, trials: int, name: str, history: Path | None = None) -> np.ndarray | None:
-        """One `farm tune` run recorded in `runs`; its trials' latencies (µs, inf if not ok) in order. With
-        --reread, the run's store as it is in OUT (None if there is none), and no wall seconds."""
+    def run(search: str, seed: int, trials: int, name: str, history: Path | None = None) -> None:
+        """One `farm tune` run recorded in `runs`. With --reread, the run's store as it is in OUT (left
+        out if there is none), and no wall seconds."""
         seconds: float | None = None
         if args.reread:
             db = args.out / f"{name}.db"
             if not db.is_file():
                 print(f"  {search} seed {seed}: no store {db}; left out", flush=True)
-                return None
+                return
         else:
             seconds, db = farm_tune(args.workload, args.params, args.target, trials, search, seed, args.out, name,
                                     history=history)
@@ -275,21 +310,18 @@ def main() -> None:
               + ("" if seconds is None else f", {seconds:.0f} s")
               + (f" (the job {job_wall:.0f} s, a candidate on the device {measuring or 0:.0%} of it, in timed runs "
                  f"{busy or 0:.0%})" if use else " (its job did not end)"), flush=True)
-        return np.nan_to_num(latency, nan=np.inf)
 
     # Guided and random runs take turns (seed 0 of every spec, random 1000, seed 1, random 1001, ...):
     # a session cut off has random runs to measure the guided ones against (one that ran every guided
     # run first lost them all with its machine, docs/benchmarks/kernels-2026-11-27e.md). Seeds 1000,
     # 1001, ...: guided runs start as random search with their own seed until a model exists, and
     # would share their first configs with a random run of the same seed.
-    random_samples = []
     for turn in range(max(args.seeds, args.random_seeds)):
+        seed = args.first_seed + turn
         for spec in args.search if turn < args.seeds else []:
-            run(spec, turn, args.trials, f"{run_name(spec)}-{turn}", args.history)
+            run(spec, seed, args.trials, f"{run_name(spec)}-{seed}", args.history)
         if turn < args.random_seeds:
-            seed = 1000 + turn
-            if (sample := run("random", seed, args.random_trials, f"random-{seed}")) is not None:
-                random_samples.append(sample)
+            run("random", 1000 + seed, args.random_trials, f"random-{1000 + seed}")
     report(str(workload), args.target, history, args.search, args.trials, runs, args.out, args.json)
 
 
@@ -301,7 +333,8 @@ def report(workload: str, target: str, history: str | None, specs: list[str], tr
     GPU's share of a case) are written without figures, for a later --merge."""
     if not runs:
         raise SystemExit(f"farm_search: no run to report (--reread: no store in {out})")
-    samples = [np.array([np.inf if v is None else v for v in r["latency_us"]]) for r in runs if r["search"] == "random"]
+    samples = {r["seed"]: np.array([np.inf if v is None else v for v in r["latency_us"]])
+               for r in runs if r["search"] == "random"}
     guided = [spec for spec in specs if any(r["search"] == spec for r in runs)]
     # Each run's best-so-far curve as JSON and the plot take it (None before a first result) and
     # as the figures take it (inf there): a run's record has NaN there, a JSON's None.
@@ -313,6 +346,8 @@ def report(workload: str, target: str, history: str | None, specs: list[str], tr
     if samples and guided:
         figures["searches"] = {
             spec: guided_figures(spec, [curves[id(r)] for r in runs if r["search"] == spec],
+                                 [np.array([np.inf if v is None else v for v in r["latency_us"]])
+                                  for r in runs if r["search"] == spec],
                                  [r["origin"] for r in runs if r["search"] == spec],
                                  [r["model_trials"] for r in runs if r["search"] == spec], samples, best, trials)
             for spec in guided}

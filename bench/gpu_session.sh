@@ -14,7 +14,7 @@
 #               resnet-last-conv; matmul 1024^3; conv2d 1x256x14x14 3x3): FSEARCH_SEEDS (3) runs of FSEARCH_TRIALS (171: a
 #               third of random's) of each search spec of FSEARCH_SEARCHES (space-separated, default xgb;
 #               "xgb xgb:screen=16" compares two settings) against FSEARCH_RANDOM_SEEDS (3) random searches
-#               of FSEARCH_RANDOM (512)
+#               of FSEARCH_RANDOM (512); FSEARCH_FIRST_SEED (0) shifts their seeds, for a case spread over GPUs
 #   fsearchwarm fsearch of FSEARCH_WARM_CASES (;-separated) into OUTDIR/fsearchwarm-CASE, each xgb run
 #               starting from a copy of the store FSEARCH_HISTORY (default: the first xgb run's store of
 #               the fsearch step's first case in OUTDIR, so "fsearch fsearchwarm" runs one after the
@@ -96,7 +96,7 @@ fsearch() { local prefix=$1 list=$2 cases case name words searches; shift 2
     name=$(case_name "$case"); read -ra words <<< "$case"
     # Its limit: about 150 s per 512-trial random run and 70 s per 171-trial guided run on an H100, doubled.
     step "$prefix-$name" $((300 * FSEARCH_RANDOM_SEEDS * FSEARCH_RANDOM / 512 + 140 * FSEARCH_SEEDS * ${#searches[@]} * FSEARCH_TRIALS / 171 + 300)) python3 bench/farm_search.py --workload "${words[0]}" \
-      --params "${words[@]:1}" --target cuda --search "${searches[@]}" --seeds "$FSEARCH_SEEDS" --trials "$FSEARCH_TRIALS" --random-trials "$FSEARCH_RANDOM" --random-seeds "$FSEARCH_RANDOM_SEEDS" \
+      --params "${words[@]:1}" --target cuda --search "${searches[@]}" --seeds "$FSEARCH_SEEDS" --trials "$FSEARCH_TRIALS" --random-trials "$FSEARCH_RANDOM" --random-seeds "$FSEARCH_RANDOM_SEEDS" --first-seed "${FSEARCH_FIRST_SEED:-0}" \
       --out "$OUT/$prefix-$name" --json "$OUT/$prefix-$name.json" "$@"
   done; }
 for s in $STEPS; do

@@ -54,6 +54,12 @@ def test_merge_gives_issue_15s_measure_of_the_two_sides(tmp_path: Path) -> None:
     ratios = {c["latency_us"]: (c["guided_median"], c["ratio"]) for c in figures["to_random_best"]}
     assert ratios[20.0] == (4, 2.0) and ratios[10.0] == (7, pytest.approx(8 / 7))
     assert figures["to_random_best_median_ratio"] == 2.0  # the middle of 8 / 7, 2 and 2
+    # Trials at or under 1.05 x the median random best (21 µs) per quarter of the 12 trials, by
+    # origin (the first 4 of each run random, the rest the plan's): the 20s and the 10s.
+    hits = figures["hits_by_origin"]
+    assert hits["threshold_us"] == pytest.approx(21.0) and hits["quarters_of"] == 12
+    assert hits["hits_trials"] == {"random": [[1, 9], [1, 3], [0, 0], [0, 0]],
+                                   "plan": [[0, 0], [2, 6], [1, 9], [0, 9]]}
     assert (tmp_path / "out" / "curves.png").is_file()
 
 
