@@ -191,9 +191,12 @@ class XGBSearch(RandomSearch):
     With `refresh` N > 0 the tuning loop also retrains the model between round closes, whenever N
     results have come in since the last training began, and hands it over, kept in memory only
     (scheduler.tuner); 0, the default, retrains at round closes only. A proposal's model is then
-    about the queue's length old, not the queue's plus up to a round's: in a replay of nine sets of
-    random runs, retraining every 4 results cut the trials to the median random run's best by about
-    15% (docs/benchmarks/kernels-2026-11-27g.md); not yet measured on a GPU.
+    about the queue's length old, not the queue's plus up to a round's. A replay of nine sets of
+    random runs promised about 15% fewer trials to the median random run's best
+    (docs/benchmarks/kernels-2026-11-27g.md). On H100s `refresh=4` raised the plan's share of fast
+    configs in trials 44 to 86 on resnet-last-conv and matmul, but not the trials to random's best:
+    2.40x against the default's 2.95x on resnet-last-conv with 6 and 3 seeds, and 2.44x and 3.17x
+    against 5.03x and 3.77x on conv2d 1x256x14x14 and matmul 1024³ (kernels-2026-11-27h.md).
 
     Every batch takes a share `epsilon` of its configs from screened exploration, the rest from
     the plan: each exploratory config is the best-scored of `screen` configs drawn uniformly from
