@@ -184,6 +184,25 @@ def test_each_proposal_says_what_proposed_it(resnet_cuda: tuple[Task, CostModel]
     assert grid.origin(grid.propose(1)[0]) == "grid"
 
 
+def test_exploration_share_falls_to_late_eps_once_the_shard_has_late_results(
+        resnet_cuda: tuple[Task, CostModel]) -> None:
+    """`late` N: exploration takes `epsilon` of each batch until N results of the shard have been
+    observed, then `late_eps`; failed results count, as they are trials spent."""
+    task, model = resnet_cuda
+    shard = task.space.shards(1)[0]
+    search = make_search("xgb:epsilon=1,late=24,late_eps=0", task, shard)
+    assert isinstance(search, XGBSearch)
+    search.set_model(model)
+    early = search.propose(16)
+    assert {search.origin(i) for i in early} == {"explore"}
+    search.observe([MeasureResult(i, {}, Status.OK, latencies=[1e-5]) for i in early[:12]]
+                   + [MeasureResult(i, {}, Status.BUILD_ERROR) for i in early[12:]])
+    assert {search.origin(i) for i in search.propose(16)} == {"explore"}  # 16 results: not yet 24
+    search.observe([MeasureResult(i, {}, Status.OK, latencies=[1e-5]) for i in search.propose(8)])
+    assert {search.origin(i) for i in search.propose(16)} == {"plan"}
+    assert XGBSearch(task, shard).share() == XGBSearch(task, shard).epsilon  # off by default
+
+
 # --- real measurements --------------------------------------------------------------------------
 
 
