@@ -5,7 +5,7 @@ the best latency, and the best latency at each budget.
                                 [--search xgb [xgb:screen=16 ...]] [--seeds 3] [--trials 128]
                                 [--random-trials 384] [--random-seeds 3] [--first-seed 0]
                                 [--history STORE] [--out DIR] [--json FILE]
-    python bench/farm_search.py --merge GUIDED.json RANDOM.json [--out DIR] [--json FILE]
+    python bench/farm_search.py --merge JSON JSON [JSON ...] [--out DIR] [--json FILE]
 
 Every run is a `python -m farm tune` process on the embedded defaults (local Ray, RPC tracker and
 server, SQLite), each in a new store so that no run learns from another: for each model-guided
@@ -240,11 +240,11 @@ def main() -> None:
     args = parser.parse_args()
     if args.seeds < 0 or args.random_seeds < 0:
         raise SystemExit("farm_search: --seeds and --random-seeds are counts of runs, 0 or more")
-    if not 0 <= args.first_seed < 1000 - args.seeds:
+    if args.first_seed < 0 or args.first_seed + args.seeds > 1000:
         # Guided runs begin as random search with their own seed: one of 1000 or more would share its
         # first configs with the random run of that seed.
-        raise SystemExit(f"farm_search: --first-seed {args.first_seed}: the guided seeds must stay under 1000 "
-                         "(the random runs' seeds)")
+        raise SystemExit(f"farm_search: --first-seed {args.first_seed} with --seeds {args.seeds}: the guided seeds "
+                         "must lie in 0 to 999 (1000 and up are the random runs')")
     if args.merge:
         try:
             case = merged(args.merge)
