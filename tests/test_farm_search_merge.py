@@ -1,6 +1,6 @@
 """bench/farm_search.py --merge: a case's guided and random runs, made on two GPUs at once and
 written to two JSONs, give the figures one invocation would have given; bad input is refused with
-one line."""
+one line; so are guided seeds that would reach the random ones."""
 
 from __future__ import annotations
 
@@ -76,3 +76,13 @@ def test_merge_refuses_runs_of_other_cases_or_given_twice_in_one_line(tmp_path: 
     done = merge(tmp_path, guided, other)
     assert done.returncode != 0 and not (tmp_path / "merged.json").exists()
     assert len(done.stderr.strip().splitlines()) == 1 and done.stderr.startswith("farm_search: --merge")
+
+
+@pytest.mark.parametrize("first", ["-1", "998"])
+def test_first_seed_keeps_the_guided_seeds_below_the_random_ones(tmp_path: Path, first: str) -> None:
+    """Guided seeds of 1000 and up would start as the random runs of those seeds: refused in one
+    line before any run."""
+    done = subprocess.run([sys.executable, "bench/farm_search.py", "--first-seed", first, "--seeds", "3", "--out",
+                           str(tmp_path / "out")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and not (tmp_path / "out").exists()
+    assert len(done.stderr.strip().splitlines()) == 1 and done.stderr.startswith("farm_search: --first-seed")
