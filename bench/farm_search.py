@@ -5,7 +5,7 @@ the best latency, and the best latency at each budget.
                                 [--search xgb [xgb:screen=16 ...]] [--seeds 3] [--trials 128]
                                 [--random-trials 384] [--random-seeds 3] [--first-seed 0]
                                 [--history STORE] [--out DIR] [--json FILE]
-    python bench/farm_search.py --merge JSON JSON [JSON ...] [--out DIR] [--json FILE]
+    python bench/farm_search.py --merge JSON JSON [JSON ...] [--pool] [--out DIR] [--json FILE]
 
 Every run is a `python -m farm tune` process on the embedded defaults (local Ray, RPC tracker and
 server, SQLite), each in a new store so that no run learns from another: for each model-guided
@@ -44,7 +44,14 @@ A case's guided and random runs can be made on two GPUs at once: `--random-seeds
 `--seeds 0` on the other (each writes its runs, without figures), then `--merge` of the two JSONs
 works the figures out as one invocation would have (a lease's device minutes hold twice the runs).
 With `--first-seed N` the runs are seeds N, N+1, ... and 1000 + N, ...: a case's runs spread over
-more GPUs than two, each taking its own seeds, merge as those of one invocation would.
+more GPUs than two, each taking its own seeds, merge as those of one invocation would. `--merge
+--pool` joins JSONs of different sessions, whose seeds repeat: an estimate from more runs, on
+different machines.
+
+Issue 15 asks for the median over 3 seeds, and one session's three runs a side swing the verdict
+by a factor of two. Where a spec has more than 3 runs on either side, the script also works the
+measure out for every choice of 3 guided and 3 random runs. It gives the share of choices at 3x or
+more, and their median and spread.
 """
 
 from __future__ import annotations
@@ -54,7 +61,7 @@ import json
 import math
 import statistics
 from collections import Counter
-from itertools import pairwise
+from itertools import combinations, pairwise
 from pathlib import Path
 
 import numpy as np
@@ -72,6 +79,11 @@ def expected_random_trials(latency_us: np.ndarray, threshold: float) -> tuple[fl
     """(expected trials of a random order of the sample to reach `threshold`, hits in the sample)."""
     hits = int((latency_us <= threshold).sum())
     return (len(latency_us) + 1) / (hits + 1), hits
+
+
+def run_label(run: dict) -> str:
+    """A run's name in what is printed: its seed, and with --pool the JSON it came from."""
+    return f"seed {run['seed']}" + (f" of JSON {run['session']}" if run.get("session") else "")
 
 
 def run_name(spec: str) -> str:
@@ -128,13 +140,29 @@ def hits_by_origin(latencies: list[np.ndarray], origins: list[list[str | None]],
     return out
 
 
+# Runs a side of issue 15's measure: "median over 3 seeds".
+SIDE = 3
+
+
+def resampled(to_best: np.ndarray, expected: np.ndarray) -> np.ndarray:
+    """Issue 15's measure for every choice of `SIDE` guided runs and `SIDE` random runs: `to_best[g, j]`
+    the trials guided run g needed to reach random run j's best (inf if it never did), `expected[j]`
+    random's expected trials to it. Per choice, as `guided_figures` works it out: per random run,
+    expected over the guided runs' median (0 where that median is inf), then the lower middle over
+    the random runs. Enumerated, not sampled: the same runs give the same figures."""
+    guided_sets = np.array(list(combinations(range(to_best.shape[0]), SIDE)))
+    random_sets = np.array(list(combinations(range(to_best.shape[1]), SIDE)))
+    ratios = expected / np.median(to_best[guided_sets], axis=1)  # (guided choices, random runs); x / inf = 0
+    return np.sort(ratios[:, random_sets], axis=2)[:, :, (SIDE - 1) // 2].ravel()
+
+
 def guided_figures(spec: str, curves: list[np.ndarray], latencies: list[np.ndarray], origins: list[list[str | None]],
-                   model_trials: list[list[int | None]], random_samples: dict[int, np.ndarray], best: float,
+                   model_trials: list[list[int | None]], random_samples: dict[str, np.ndarray], best: float,
                    trials: int) -> dict:
     """The figures of one guided search's runs (their best-so-far curves and each trial's latency,
     µs, inf before a first result or where failed, what proposed each trial: farm.core.search.ORIGINS,
     None where the store does not say, and the trials its newest possible model had learnt from:
-    `model_lag`) against the random runs' samples by seed (µs per trial, inf where failed), `best`
+    `model_lag`) against the random runs' samples by `run_label` (µs per trial, inf where failed), `best`
     the fastest latency of any run; printed, one line each, and returned for the JSON."""
     lag = model_lag(model_trials)
     if lag is not None:
@@ -164,7 +192,7 @@ def guided_figures(spec: str, curves: list[np.ndarray], latencies: list[np.ndarr
     # median is one while most did; a random run whose guided median is such a bound counts as a
     # ratio of 0, and of an even number of random runs the lower middle ratio is the median.
     comparisons = []
-    for seed, sample in random_samples.items():
+    for name, sample in random_samples.items():
         random_best = float(np.min(sample))
         guided = [trials_to(c, random_best) for c in curves]
         median = statistics.median(math.inf if t is None else t for t in guided)
@@ -172,10 +200,10 @@ def guided_figures(spec: str, curves: list[np.ndarray], latencies: list[np.ndarr
         ratio = None if math.isinf(median) else expected / median
         # What proposed the trial each guided run got there with: the model's plan or its exploration.
         reached_by = [None if t is None else run[t - 1] for t, run in zip(guided, origins, strict=True)]
-        comparisons.append({"random_seed": seed, "latency_us": random_best, "guided_trials": guided,
+        comparisons.append({"random_run": name, "latency_us": random_best, "guided_trials": guided,
                             "reached_by": reached_by, "guided_median": None if math.isinf(median) else median,
                             "random_hits": hits, "random_expected": expected, "ratio": ratio})
-        print(f"  {spec} to random seed {seed}'s best ({random_best:.2f} µs): {guided} (median "
+        print(f"  {spec} to random {name}'s best ({random_best:.2f} µs): {guided} (median "
               + (f"> {trials}" if ratio is None else f"{median:.0f}")
               + f"; by {', '.join(o or '-' for o in reached_by)}), random {expected:.1f} expected ({hits} of its "
               + f"{len(sample)} there): " + (f"< {expected / trials:.1f}x" if ratio is None else f"{ratio:.2f}x")
@@ -200,6 +228,18 @@ def guided_figures(spec: str, curves: list[np.ndarray], latencies: list[np.ndarr
     print(f"  {spec} to random's best, median over {len(comparisons)} random run(s): "
           + (f"{median_ratio:.2f}x" if median_ratio else "n/a (the median random run's best was not reached "
              f"by most of its runs in {trials} trials)") + " fewer trials with the model")
+    # How far one lease's verdict (3 seeds a side, as issue 15 asks) can be trusted: the measure over
+    # every choice of 3 of these guided runs and 3 of these random runs.
+    to_best = np.array([[math.inf if t is None else t for t in c["guided_trials"]] for c in comparisons]).T
+    if min(to_best.shape) >= SIDE and max(to_best.shape) > SIDE:
+        spread = resampled(to_best, np.array([c["random_expected"] for c in comparisons]))
+        p10, p50, p90 = np.percentile(spread, [10, 50, 90])
+        share = float(np.mean(spread >= 3))
+        figures["resampled"] = {"runs_a_side": SIDE, "choices": len(spread), "share_at_least_3x": share,
+                                "median": float(p50), "p10": float(p10), "p90": float(p90)}
+        print(f"  {spec} the same measure for every choice of {SIDE} of these {to_best.shape[0]} runs and {SIDE} "
+              f"of the {to_best.shape[1]} random runs ({len(spread)} choices): 3x or more in {share:.0%}, "
+              f"median {p50:.2f}x (p10 {p10:.2f}x, p90 {p90:.2f}x)")
     # The other way round: what the guided runs reach at their budget, and what random search needs for it.
     final = statistics.median(float(c[-1]) for c in curves)
     expected, hits = expected_random_trials(pooled, final)
@@ -237,7 +277,12 @@ def main() -> None:
                         "of these JSONs of one case together (a case's guided and random runs made on two GPUs at "
                         "once, each with --seeds 0 or --random-seeds 0); --workload, --search and --trials are "
                         "taken from them")
+    parser.add_argument("--pool", action="store_true", help="with --merge: the JSONs are of different sessions "
+                        "(leases) of one case, so seeds repeat across them and each run counts as its own; their "
+                        "runs were on different machines, so the figures are an estimate, not one session's measure")
     args = parser.parse_args()
+    if args.pool and not args.merge:
+        raise SystemExit("farm_search: --pool only goes with --merge (JSONs of several sessions to pool)")
     if args.seeds < 0 or args.random_seeds < 0:
         raise SystemExit("farm_search: --seeds and --random-seeds are counts of runs, 0 or more")
     if args.first_seed < 0 or args.first_seed + args.seeds > 1000:
@@ -247,7 +292,7 @@ def main() -> None:
                          "must lie in 0 to 999 (1000 and up are the random runs')")
     if args.merge:
         try:
-            case = merged(args.merge)
+            case = merged(args.merge, args.pool)
         except FarmError as e:
             raise SystemExit(f"farm_search: {e}") from None
         args.out.mkdir(parents=True, exist_ok=True)
@@ -333,7 +378,7 @@ def report(workload: str, target: str, history: str | None, specs: list[str], tr
     GPU's share of a case) are written without figures, for a later --merge."""
     if not runs:
         raise SystemExit(f"farm_search: no run to report (--reread: no store in {out})")
-    samples = {r["seed"]: np.array([np.inf if v is None else v for v in r["latency_us"]])
+    samples = {run_label(r): np.array([np.inf if v is None else v for v in r["latency_us"]])
                for r in runs if r["search"] == "random"}
     guided = [spec for spec in specs if any(r["search"] == spec for r in runs)]
     # Each run's best-so-far curve as JSON and the plot take it (None before a first result) and
@@ -357,7 +402,7 @@ def report(workload: str, target: str, history: str | None, specs: list[str], tr
     figures["runs"] = [{**r, "curve_us": listed[id(r)]} for r in runs]
     label = f"{workload} on {target}"
     walls = [r["wall_s"] or r["job_wall_s"] for r in runs]  # --reread: the job's, none for one cut off
-    plot = plot_curves([Curve(f"{r['search']} seed {r['seed']} ({f'{wall:.0f} s' if wall else 'cut off'})", label,
+    plot = plot_curves([Curve(f"{r['search']} {run_label(r)} ({f'{wall:.0f} s' if wall else 'cut off'})", label,
                               listed[id(r)])
                         for r, wall in zip(runs, walls, strict=True)], out / "curves.png")
     print(f"tuning curves: {plot}")
@@ -365,9 +410,11 @@ def report(workload: str, target: str, history: str | None, specs: list[str], tr
         json_path.write_text(json.dumps(figures, indent=1))
 
 
-def merged(paths: list[Path]) -> tuple[str, str, str | None, list[str], int, list[dict]]:
+def merged(paths: list[Path], pool: bool = False) -> tuple[str, str, str | None, list[str], int, list[dict]]:
     """(workload, target, history, guided specs, guided trials, runs) of farm_search JSONs of one case,
-    their runs in the order given; FarmError if they are of different cases or settings."""
+    their runs in the order given; FarmError if they are of different cases or settings. With `pool`
+    the JSONs are of different sessions, where seeds repeat: each run is marked with its JSON's
+    position (1, 2, ...) as `session`, and counts as its own."""
     loaded = []
     for path in paths:
         try:
@@ -379,10 +426,11 @@ def merged(paths: list[Path]) -> tuple[str, str, str | None, list[str], int, lis
         raise FarmError("--merge: give JSONs of one workload, target and history, each with its runs; got "
                         + "; ".join(f"{p}: {d.get('workload')} on {d.get('target')}" for p, d in zip(paths, loaded,
                                                                                                   strict=True)))
-    runs = [r for d in loaded for r in d["runs"]]
-    seen = [(r["search"], r["seed"]) for r in runs]
+    runs = [{**r, "session": k} if pool else r for k, d in enumerate(loaded, start=1) for r in d["runs"]]
+    seen = [(r.get("session"), r["search"], r["seed"]) for r in runs]
     if len(set(seen)) != len(seen):
-        raise FarmError("--merge: a run is in two of the JSONs (the same search and seed); give each run once")
+        raise FarmError("--merge: a run is in two of the JSONs (the same search and seed); give each run once, "
+                        "or add --pool if the JSONs are of different sessions")
     specs = list(dict.fromkeys(r["search"] for r in runs if r["search"] != "random"))
     trials = max((len(r["curve_us"]) for r in runs if r["search"] != "random"), default=0)
     workload, target, history = cases.pop()

@@ -1,6 +1,7 @@
 """bench/farm_search.py --merge: a case's guided and random runs, made on two GPUs at once and
 written to two JSONs, give the figures one invocation would have given; bad input is refused with
-one line; so are guided seeds that would reach the random ones."""
+one line; so are guided seeds that would reach the random ones. --pool joins sessions whose seeds
+repeat, and every choice of 3 runs a side gives the measure's spread."""
 
 from __future__ import annotations
 
@@ -63,6 +64,33 @@ def test_merge_gives_issue_15s_measure_of_the_two_sides(tmp_path: Path) -> None:
     assert (tmp_path / "out" / "curves.png").is_file()
 
 
+def test_pool_counts_each_sessions_runs_as_their_own_and_gives_every_choice_of_three(tmp_path: Path) -> None:
+    # Session 2 repeats guided seed 0 with a run that reaches nothing: refused as a run given twice,
+    # unless --pool says the JSONs are of different sessions. Pooled, the 4 guided runs need [5, 7,
+    # never, never] trials to 10 µs and [2, 4, 6, never] to 20 and 30: medians never, 5 and 5, so
+    # ratios 0, 8 / 5 and 8 / 5, whose middle is 1.6. Each choice of 3 of the 4 guided runs (one of
+    # the 3 random runs): with runs 0 and 1, medians 7, 4, 4 give 2x; without one of them, never, 6,
+    # 6 give 8 / 6: two choices at 2x, two at 4 / 3, none at 3x, median 5 / 3.
+    random = [run_record("random", 1000 + k, [best] + [100.0 + j for j in range(14)])
+              for k, best in enumerate((10.0, 20.0, 30.0))]
+    guided = [run_record("xgb", 0, [50.0, 20.0, 40.0, 40.0, 10.0] + [60.0] * 7),
+              run_record("xgb", 1, [50.0, 40.0, 40.0, 20.0, 40.0, 40.0, 10.0] + [60.0] * 5),
+              run_record("xgb", 2, [50.0] * 5 + [20.0] + [60.0] * 6)]
+    first = write(tmp_path / "session1.json", guided + random)
+    second = write(tmp_path / "session2.json", [run_record("xgb", 0, [50.0] * 12)])
+    refused = merge(tmp_path, first, second)
+    assert refused.returncode != 0 and "--pool" in refused.stderr
+    done = subprocess.run([sys.executable, "bench/farm_search.py", "--merge", str(first), str(second), "--pool",
+                           "--out", str(tmp_path / "out"), "--json", str(tmp_path / "merged.json")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    figures = json.loads((tmp_path / "merged.json").read_text())["searches"]["xgb"]
+    assert [c["random_run"] for c in figures["to_random_best"]] == [f"seed {1000 + k} of JSON 1" for k in range(3)]
+    assert figures["to_random_best_median_ratio"] == pytest.approx(1.6)
+    assert figures["resampled"] == {"runs_a_side": 3, "choices": 4, "share_at_least_3x": 0.0,
+                                    "median": pytest.approx(5 / 3), "p10": pytest.approx(4 / 3), "p90": 2.0}
+
+
 @pytest.mark.parametrize("bad", ["other case", "a run twice", "not json"])
 def test_merge_refuses_runs_of_other_cases_or_given_twice_in_one_line(tmp_path: Path, bad: str) -> None:
     guided = write(tmp_path / "guided.json", [run_record("xgb", 0, [5.0] * 8)])
@@ -78,11 +106,13 @@ def test_merge_refuses_runs_of_other_cases_or_given_twice_in_one_line(tmp_path: 
     assert len(done.stderr.strip().splitlines()) == 1 and done.stderr.startswith("farm_search: --merge")
 
 
-@pytest.mark.parametrize("first", ["-1", "998"])
-def test_first_seed_keeps_the_guided_seeds_below_the_random_ones(tmp_path: Path, first: str) -> None:
-    """Guided seeds of 1000 and up would start as the random runs of those seeds: refused in one
-    line before any run."""
-    done = subprocess.run([sys.executable, "bench/farm_search.py", "--first-seed", first, "--seeds", "3", "--out",
+@pytest.mark.parametrize(("args", "says"), [(["--first-seed", "-1"], "--first-seed"),
+                                            (["--first-seed", "998"], "--first-seed"), (["--pool"], "--pool")])
+def test_seeds_that_reach_the_random_ones_or_pool_without_merge_are_refused(tmp_path: Path, args: list[str],
+                                                                            says: str) -> None:
+    """Guided seeds of 1000 and up would start as the random runs of those seeds, and --pool only
+    qualifies --merge: refused in one line before any run."""
+    done = subprocess.run([sys.executable, "bench/farm_search.py", *args, "--seeds", "3", "--out",
                            str(tmp_path / "out")], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode != 0 and not (tmp_path / "out").exists()
-    assert len(done.stderr.strip().splitlines()) == 1 and done.stderr.startswith("farm_search: --first-seed")
+    assert len(done.stderr.strip().splitlines()) == 1 and done.stderr.startswith(f"farm_search: {says}")
