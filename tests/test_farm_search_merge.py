@@ -40,15 +40,21 @@ def merge(tmp_path: Path, *jsons: Path) -> subprocess.CompletedProcess[str]:
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 
-def test_merge_gives_issue_15s_measure_of_the_two_sides(tmp_path: Path) -> None:
-    # Random runs of 15 trials whose bests are 10, 20 and 30 µs, one trial each: (15 + 1) / 2 = 8
-    # trials expected to each. The guided runs (12 trials) reach 30 and 20 µs at trials 2, 4, 6
-    # (median 4: 2x) and 10 µs at trials 5, 7 and never (median 7: 8 / 7).
+def three_a_side() -> tuple[list[dict], list[dict]]:
+    """(3 guided runs, 3 random runs). The random runs have 15 trials each, and their bests are 10,
+    20 and 30 µs, one trial each: (15 + 1) / 2 = 8 trials expected to each. The guided runs (12
+    trials) reach 30 and 20 µs at trials 2, 4 and 6, and 10 µs at trials 5, 7 and never."""
     random = [run_record("random", 1000 + k, [best] + [100.0 + j for j in range(14)])
               for k, best in enumerate((10.0, 20.0, 30.0))]
     guided = [run_record("xgb", 0, [50.0, 20.0, 40.0, 40.0, 10.0] + [60.0] * 7),
               run_record("xgb", 1, [50.0, 40.0, 40.0, 20.0, 40.0, 40.0, 10.0] + [60.0] * 5),
               run_record("xgb", 2, [50.0] * 5 + [20.0] + [60.0] * 6)]
+    return guided, random
+
+
+def test_merge_gives_issue_15s_measure_of_the_two_sides(tmp_path: Path) -> None:
+    # `three_a_side`: to 20 and 30 µs the guided median is 4 trials (2x), to 10 µs 7 (8 / 7).
+    guided, random = three_a_side()
     done = merge(tmp_path, write(tmp_path / "guided.json", guided), write(tmp_path / "random.json", random))
     assert done.returncode == 0, done.stderr
     figures = json.loads((tmp_path / "merged.json").read_text())["searches"]["xgb"]
@@ -71,11 +77,7 @@ def test_pool_counts_each_sessions_runs_as_their_own_and_gives_every_choice_of_t
     # ratios 0, 8 / 5 and 8 / 5, whose middle is 1.6. Each choice of 3 of the 4 guided runs (one of
     # the 3 random runs): with runs 0 and 1, medians 7, 4, 4 give 2x; without one of them, never, 6,
     # 6 give 8 / 6: two choices at 2x, two at 4 / 3, none at 3x, median 5 / 3.
-    random = [run_record("random", 1000 + k, [best] + [100.0 + j for j in range(14)])
-              for k, best in enumerate((10.0, 20.0, 30.0))]
-    guided = [run_record("xgb", 0, [50.0, 20.0, 40.0, 40.0, 10.0] + [60.0] * 7),
-              run_record("xgb", 1, [50.0, 40.0, 40.0, 20.0, 40.0, 40.0, 10.0] + [60.0] * 5),
-              run_record("xgb", 2, [50.0] * 5 + [20.0] + [60.0] * 6)]
+    guided, random = three_a_side()
     first = write(tmp_path / "session1.json", guided + random)
     second = write(tmp_path / "session2.json", [run_record("xgb", 0, [50.0] * 12)])
     refused = merge(tmp_path, first, second)
