@@ -378,8 +378,9 @@ def report(workload: str, target: str, history: str | None, specs: list[str], tr
     GPU's share of a case) are written without figures, for a later --merge."""
     if not runs:
         raise SystemExit(f"farm_search: no run to report (--reread: no store in {out})")
-    samples = {run_label(r): np.array([np.inf if v is None else v for v in r["latency_us"]])
-               for r in runs if r["search"] == "random"}
+    # Each trial's latency as the figures take it: inf where it failed (None in the record).
+    trial_us = {id(r): np.array([np.inf if v is None else v for v in r["latency_us"]]) for r in runs}
+    samples = {run_label(r): trial_us[id(r)] for r in runs if r["search"] == "random"}
     guided = [spec for spec in specs if any(r["search"] == spec for r in runs)]
     # Each run's best-so-far curve as JSON and the plot take it (None before a first result) and
     # as the figures take it (inf there): a run's record has NaN there, a JSON's None.
@@ -391,8 +392,7 @@ def report(workload: str, target: str, history: str | None, specs: list[str], tr
     if samples and guided:
         figures["searches"] = {
             spec: guided_figures(spec, [curves[id(r)] for r in runs if r["search"] == spec],
-                                 [np.array([np.inf if v is None else v for v in r["latency_us"]])
-                                  for r in runs if r["search"] == spec],
+                                 [trial_us[id(r)] for r in runs if r["search"] == spec],
                                  [r["origin"] for r in runs if r["search"] == spec],
                                  [r["model_trials"] for r in runs if r["search"] == spec], samples, best, trials)
             for spec in guided}

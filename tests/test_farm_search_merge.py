@@ -34,10 +34,10 @@ def write(path: Path, runs: list[dict], workload: str = WORKLOAD) -> Path:
     return path
 
 
-def merge(tmp_path: Path, *jsons: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "bench/farm_search.py", "--merge", *map(str, jsons), "--out",
-                           str(tmp_path / "out"), "--json", str(tmp_path / "merged.json")],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+def merge(tmp_path: Path, *jsons: Path, pool: bool = False) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "bench/farm_search.py", "--merge", *map(str, jsons),
+                           *(["--pool"] if pool else []), "--out", str(tmp_path / "out"), "--json",
+                           str(tmp_path / "merged.json")], cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 
 def three_a_side() -> tuple[list[dict], list[dict]]:
@@ -82,9 +82,7 @@ def test_pool_counts_each_sessions_runs_as_their_own_and_gives_every_choice_of_t
     second = write(tmp_path / "session2.json", [run_record("xgb", 0, [50.0] * 12)])
     refused = merge(tmp_path, first, second)
     assert refused.returncode != 0 and "--pool" in refused.stderr
-    done = subprocess.run([sys.executable, "bench/farm_search.py", "--merge", str(first), str(second), "--pool",
-                           "--out", str(tmp_path / "out"), "--json", str(tmp_path / "merged.json")],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    done = merge(tmp_path, first, second, pool=True)
     assert done.returncode == 0, done.stderr
     figures = json.loads((tmp_path / "merged.json").read_text())["searches"]["xgb"]
     assert [c["random_run"] for c in figures["to_random_best"]] == [f"seed {1000 + k} of JSON 1" for k in range(3)]
