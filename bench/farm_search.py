@@ -46,7 +46,7 @@ works the figures out as one invocation would have (a lease's device minutes hol
 With `--first-seed N` the runs are seeds N, N+1, ... and 1000 + N, ...: a case's runs spread over
 more GPUs than two, each taking its own seeds, merge as those of one invocation would. `--merge
 --pool` joins JSONs of different sessions, whose seeds repeat: an estimate from more runs, on
-different machines.
+different machines. Random runs count once per seed there, as a seed draws the same configs.
 
 Issue 15 asks for the median over 3 seeds, and one session's three runs a side swing the verdict
 by a factor of two. Where a spec has more than 3 runs on either side, the script also works the
@@ -278,8 +278,9 @@ def main() -> None:
                         "once, each with --seeds 0 or --random-seeds 0); --workload, --search and --trials are "
                         "taken from them")
     parser.add_argument("--pool", action="store_true", help="with --merge: the JSONs are of different sessions "
-                        "(leases) of one case, so seeds repeat across them and each run counts as its own; their "
-                        "runs were on different machines, so the figures are an estimate, not one session's measure")
+                        "(leases) of one case, so seeds repeat across them and each guided run counts as its own "
+                        "(a random run of a seed already pooled draws the same configs: left out); their runs were "
+                        "on different machines, so the figures are an estimate, not one session's measure")
     args = parser.parse_args()
     if args.pool and not args.merge:
         raise SystemExit("farm_search: --pool only goes with --merge (JSONs of several sessions to pool)")
@@ -403,7 +404,7 @@ def report(workload: str, target: str, history: str | None, specs: list[str], tr
     label = f"{workload} on {target}"
     walls = [r["wall_s"] or r["job_wall_s"] for r in runs]  # --reread: the job's, none for one cut off
     plot = plot_curves([Curve(f"{r['search']} {run_label(r)} ({f'{wall:.0f} s' if wall else 'cut off'})", label,
-                              listed[id(r)])
+                              listed[id(r)], r["search"])
                         for r, wall in zip(runs, walls, strict=True)], out / "curves.png")
     print(f"tuning curves: {plot}")
     if json_path:
@@ -414,7 +415,10 @@ def merged(paths: list[Path], pool: bool = False) -> tuple[str, str, str | None,
     """(workload, target, history, guided specs, guided trials, runs) of farm_search JSONs of one case,
     their runs in the order given; FarmError if they are of different cases or settings. With `pool`
     the JSONs are of different sessions, where seeds repeat: each run is marked with its JSON's
-    position (1, 2, ...) as `session`, and counts as its own."""
+    position (1, 2, ...) as `session`. A guided run counts as its own: runs of one seed share their
+    unguided first trials, then part as their measurements differ. A random run of a seed already
+    pooled is left out, and said so: the random search draws a seed's configs alike in every
+    session, only measured in another order, so it would count one sample twice."""
     loaded = []
     for path in paths:
         try:
@@ -431,6 +435,13 @@ def merged(paths: list[Path], pool: bool = False) -> tuple[str, str, str | None,
     if len(set(seen)) != len(seen):
         raise FarmError("--merge: a run is in two of the JSONs (the same search and seed); give each run once, "
                         "or add --pool if the JSONs are of different sessions")
+    if pool:
+        first: dict[int, dict] = {}
+        for r in (r for r in runs if r["search"] == "random"):
+            if first.setdefault(r["seed"], r) is not r:
+                print(f"random seed {r['seed']} of JSON {r['session']}: the configs of seed {r['seed']} of JSON "
+                      f"{first[r['seed']]['session']} again, left out of the pool")
+        runs = [r for r in runs if r["search"] != "random" or first[r["seed"]] is r]
     specs = list(dict.fromkeys(r["search"] for r in runs if r["search"] != "random"))
     trials = max((len(r["curve_us"]) for r in runs if r["search"] != "random"), default=0)
     workload, target, history = cases.pop()

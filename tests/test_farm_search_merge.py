@@ -79,12 +79,16 @@ def test_pool_counts_each_sessions_runs_as_their_own_and_gives_every_choice_of_t
     # 6 give 8 / 6: two choices at 2x, two at 4 / 3, none at 3x, median 5 / 3.
     guided, random = three_a_side()
     first = write(tmp_path / "session1.json", guided + random)
-    second = write(tmp_path / "session2.json", [run_record("xgb", 0, [50.0] * 12)])
+    # Session 2's random seed 1000 draws session 1's configs again: left out of the pool, or it
+    # would count that sample twice.
+    second = write(tmp_path / "session2.json", [run_record("xgb", 0, [50.0] * 12),
+                                                 run_record("random", 1000, [40.0] + [100.0] * 14)])
     refused = merge(tmp_path, first, second)
     assert refused.returncode != 0 and "--pool" in refused.stderr
     done = merge(tmp_path, first, second, pool=True)
     assert done.returncode == 0, done.stderr
     figures = json.loads((tmp_path / "merged.json").read_text())["searches"]["xgb"]
+    assert "random seed 1000 of JSON 2: the configs of seed 1000 of JSON 1 again, left out" in done.stdout
     assert [c["random_run"] for c in figures["to_random_best"]] == [f"seed {1000 + k} of JSON 1" for k in range(3)]
     assert figures["to_random_best_median_ratio"] == pytest.approx(1.6)
     assert figures["resampled"] == {"runs_a_side": 3, "choices": 4, "share_at_least_3x": 0.0,
