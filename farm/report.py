@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import textwrap
 import time
+import warnings
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -40,11 +41,13 @@ from farm.progress import format_seconds
 
 @dataclass
 class Curve:
-    """Best latency so far (µs; NaN before the first correct trial) after each trial of one task."""
+    """Best latency so far (µs; NaN before the first correct trial) after each trial of one task.
+    `group` names the setting the curve is one run of (a search spec), for plots of many runs."""
 
     label: str
     workload: str
     best_us: np.ndarray
+    group: str = ""
 
     @property
     def trials(self) -> np.ndarray:
@@ -100,9 +103,14 @@ def plot_tuning_curves(store: ResultStore, job_ids: list[int], output: str | Pat
     return plot_curves(curves, output)
 
 
+# More lines than this in one panel and their legend hides the curves: a panel whose curves all
+# name a group then draws one median line per group instead, with its p10-p90 band.
+MAX_LINES = 8
+
+
 def plot_curves(curves: list[Curve], output: str | Path) -> Path:
-    """Write `curves` (best latency against trials) to the PNG `output`, one panel per workload and
-    one line per curve; returns its path. FarmError if the folder of `output` does not exist."""
+    """Write `curves` (best latency against trials) to the PNG `output`, one panel per workload
+    (drawn by draw_panel); returns its path. FarmError if the folder of `output` does not exist."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display: files only
@@ -112,18 +120,36 @@ def plot_curves(curves: list[Curve], output: str | Path) -> Path:
     workloads = list(dict.fromkeys(c.workload for c in curves))
     fig, axes = plt.subplots(len(workloads), 1, figsize=(7, 3.2 * len(workloads)), squeeze=False)
     for ax, workload in zip(axes[:, 0], workloads, strict=True):
-        for c in (c for c in curves if c.workload == workload):
-            ax.step(c.trials, c.best_us, where="post", label=c.label)
+        draw_panel(ax, [c for c in curves if c.workload == workload])
         ax.set_title(textwrap.fill(workload, 80), fontsize=9)
-        ax.set_xlabel("trials")
-        ax.set_ylabel("best latency (µs, log scale)")
-        ax.set_yscale("log")  # the first trials are often 10-100x slower than the best
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def draw_panel(ax: Any, panel: list[Curve]) -> None:
+    """Draw `panel` on the matplotlib Axes `ax`: one step line per curve, or, where there are more
+    than MAX_LINES curves and all have a group, one per group: the median over its curves at each
+    trial that all of them reached, in a band from their 10th to 90th percentile."""
+    if len(panel) > MAX_LINES and all(c.group for c in panel):
+        for group in dict.fromkeys(c.group for c in panel):
+            runs = [c.best_us for c in panel if c.group == group]
+            best = np.vstack([b[: min(map(len, runs))] for b in runs])
+            trials = np.arange(1, best.shape[1] + 1)
+            with warnings.catch_warnings():  # trials before any run's first correct one: NaN, as wanted
+                warnings.simplefilter("ignore", RuntimeWarning)
+                median, low, high = np.nanmedian(best, axis=0), *np.nanpercentile(best, [10, 90], axis=0)
+            line, = ax.step(trials, median, where="post", label=f"{group}: median of {len(runs)} runs, p10-p90")
+            ax.fill_between(trials, low, high, step="post", alpha=0.2, color=line.get_color())
+    else:
+        for c in panel:
+            ax.step(c.trials, c.best_us, where="post", label=c.label)
+    ax.set_xlabel("trials")
+    ax.set_ylabel("best latency (µs, log scale)")
+    ax.set_yscale("log")  # the first trials are often 10-100x slower than the best
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
 
 
 def job_rounds(store: ResultStore, job_id: int) -> list[dict[str, Any]]:

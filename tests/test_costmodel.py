@@ -25,7 +25,7 @@ from farm.core.task import Task
 from farm.core.templates.cuda_tiled import _shared_bytes
 from farm.core.workloads import make_workload
 from farm.predict import predict, render
-from farm.report import plot_tuning_curves, rounds_summary, tuning_curves
+from farm.report import MAX_LINES, Curve, draw_panel, plot_tuning_curves, rounds_summary, tuning_curves
 from scheduler.retrain import retrain, starting_model
 
 CONV = dict(N=1, CI=32, H=14, W=14, CO=32, KH=3, KW=3, pad=1)
@@ -306,3 +306,28 @@ def test_report_plots_tuning_curves_and_summarises_rounds(tmp_path: Path) -> Non
         plot_tuning_curves(store, [99], tmp_path / "x.png")
     with pytest.raises(FarmError, match="does not exist"):
         plot_tuning_curves(store, jobs, tmp_path / "no" / "x.png")
+
+
+def test_a_panel_of_many_runs_draws_each_group_as_its_median_in_a_band() -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    nan = np.nan
+    # Group "a": five runs of 4 trials, one failing its first two; "b": four runs, one cut short.
+    a = [[9, 5, 5, 2], [nan, nan, 7, 3], [8, 8, 4, 4], [6, 6, 6, 1], [9, 9, 9, 9]]
+    b = [[4, 4, 4], [3, 3, 2], [5, 5, 5], [6, 2]]
+    curves = [Curve(f"{g} {i}", "w", np.array(run, dtype=float), g) for g, runs in (("a", a), ("b", b))
+              for i, run in enumerate(runs)]
+    assert len(curves) > MAX_LINES
+    fig, ax = plt.subplots()
+    draw_panel(ax, curves)
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert labels == ["a: median of 5 runs, p10-p90", "b: median of 4 runs, p10-p90"]
+    (line_a, line_b) = ax.get_lines()
+    assert line_a.get_ydata().tolist() == [8.5, 7.0, 6.0, 3.0]  # NaN left out of trials 1 and 2
+    assert line_b.get_ydata().tolist() == [4.5, 3.5]  # only the trials all of b's runs reached
+    draw_panel(ax, curves[:MAX_LINES])  # few enough: a line per run
+    assert len(ax.get_lines()) == 2 + MAX_LINES
+    plt.close(fig)
