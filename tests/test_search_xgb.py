@@ -187,7 +187,8 @@ def test_each_proposal_says_what_proposed_it(resnet_cuda: tuple[Task, CostModel]
 def test_exploration_share_falls_to_late_eps_once_the_shard_has_late_results(
         resnet_cuda: tuple[Task, CostModel]) -> None:
     """`late` N: exploration takes `epsilon` of each batch until N results of the shard have been
-    observed, then `late_eps`; failed results count, as they are trials spent."""
+    observed, then `late_eps`; failed results count, as they are trials spent. 43 by default,
+    and `late=0` keeps `epsilon` throughout."""
     task, model = resnet_cuda
     shard = task.space.shards(1)[0]
     search = make_search("xgb:epsilon=1,late=24,late_eps=0", task, shard)
@@ -200,7 +201,11 @@ def test_exploration_share_falls_to_late_eps_once_the_shard_has_late_results(
     assert {search.origin(i) for i in search.propose(16)} == {"explore"}  # 16 results: not yet 24
     search.observe([MeasureResult(i, {}, Status.OK, latencies=[1e-5]) for i in search.propose(8)])
     assert {search.origin(i) for i in search.propose(16)} == {"plan"}
-    assert XGBSearch(task, shard).share() == XGBSearch(task, shard).epsilon  # off by default
+    default, off = XGBSearch(task, shard), make_search("xgb:late=0", task, shard)
+    assert (default.late, default.late_eps, default.share()) == (43, 0.15, default.epsilon)
+    for search in (default, off):
+        search.observe([MeasureResult(i, {}, Status.OK, latencies=[1e-5]) for i in range(43)])
+    assert (default.share(), off.share()) == (0.15, off.epsilon)
 
 
 # --- real measurements --------------------------------------------------------------------------

@@ -199,12 +199,16 @@ class XGBSearch(RandomSearch):
     leases pooled (9 and 11 runs); on conv2d 1x256x14x14 and matmul 1024³, 2.44x and 3.17x against
     5.03x and 3.77x in one lease of 3 runs each (kernels-2026-11-27h.md).
 
-    With `late` N > 0, exploration's share falls to `late_eps` (0.15) once the shard has N results.
-    On H100s (kernels-2026-11-27h.md), the plan's yield grew over a run while exploration's did
-    not. Counted as configs within 5% of the median random best, in the first quarter of a
-    171-trial run the plan proposed 1 to 4% of its trials there, and in the last quarter 50 to 76%.
-    Exploration stayed at 0 to 7% throughout, yet it took half of every batch. It set most of its
-    new bests in the first quarter. Off by default; not yet measured on a GPU.
+    With `late` N > 0 (43 by default; 0 turns it off), exploration's share falls to `late_eps`
+    (0.15) once the shard has N results. On H100s the plan's yield of fast configs (within 5% of
+    the median random best) grew from 1-4% of its trials in the first quarter of a 171-trial run
+    to 50-76% in the last, while exploration's stayed at 0-7% and took half of every batch
+    (kernels-2026-11-27h.md). With `late=43` (a quarter of 171 trials), one lease of four H100s
+    gave issue 15's measure of 4.14x, 3.56x and 3.38x on resnet-last-conv, conv2d 1x256x14x14 and
+    matmul 1024³ (16, 8 and 8 runs against 8, 4 and 4 random runs of 512), where the earlier
+    default (0) had missed 3x on resnet-last-conv in every lease. Pooled with the earlier leases,
+    it raised resnet-last-conv from 3.02x to 4.14x and lowered matmul from 5.13x to 3.38x, where
+    exploration had found many early bests (kernels-2026-11-28.md).
 
     Every batch takes a share `epsilon` of its configs from screened exploration (`late_eps`
     instead once the shard has `late` results, if `late` > 0), the rest from the plan: each
@@ -241,7 +245,7 @@ class XGBSearch(RandomSearch):
 
     def __init__(self, task: Task, shard: Shard, seed: int = 0, *, epsilon: float = 0.5, screen: int = 32,
                  chains: int = 256, steps: int = 64, min_distance: int = 2, plan_size: int = 32,
-                 quick_first: int = QUICK_FIRST, refresh: int = 0, late: int = 0, late_eps: float = 0.15) -> None:
+                 quick_first: int = QUICK_FIRST, refresh: int = 0, late: int = 43, late_eps: float = 0.15) -> None:
         super().__init__(task, shard, seed)
         self._seed = seed
         self.epsilon, self.screen, self.chains, self.steps = epsilon, screen, chains, steps
