@@ -195,9 +195,10 @@ class XGBSearch(RandomSearch):
     random runs promised about 15% fewer trials to the median random run's best
     (docs/benchmarks/kernels-2026-11-27g.md). On H100s `refresh=4` raised the plan's share of fast
     configs in trials 44 to 86 on resnet-last-conv and matmul. The trials to random's best moved
-    within the measure's noise: on resnet-last-conv, 2.82x against the default's 2.54x over three
-    leases pooled (9 and 11 runs); on conv2d 1x256x14x14 and matmul 1024³, 2.44x and 3.17x against
-    5.03x and 3.77x in one lease of 3 runs each (kernels-2026-11-27h.md).
+    within the measure's noise (both sides with `late=0`): on resnet-last-conv, 3.77x against
+    3.02x over four leases pooled (9 and 11 runs against 9 random seeds, kernels-2026-11-28.md);
+    on conv2d 1x256x14x14 and matmul 1024³, 2.44x and 3.17x against 5.03x and 3.77x in one lease
+    of 3 runs each (kernels-2026-11-27h.md).
 
     With `late` N > 0 (43 by default; 0 turns it off), exploration's share falls to `late_eps`
     (0.15) once the shard has N results. On H100s the plan's yield of fast configs (within 5% of
