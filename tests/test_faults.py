@@ -218,9 +218,13 @@ def test_a_killed_tracker_is_restarted_and_the_job_goes_on(pg_url: str) -> None:
         assert tracker is not None and tracker.proc is not None
         old_pid = tracker.proc.pid
         old = [psutil.Process(old_pid), *psutil.Process(old_pid).children(recursive=True)]
+        server = psutil.Process(pools[0].workers[0].server.proc.pid)  # type: ignore[attr-defined]
+        # The kill must find worker 0's session process. Between two of its sessions (one renewed)
+        # there is none for a moment; a session forked just after the kill would keep the server
+        # busy, and so unregistered, for as long as that session lasts.
+        wait_until(lambda: bool(server.children(recursive=True)), 30, "worker 0's session process")
         killed = time.time()
         os.killpg(old_pid, signal.SIGKILL)  # the tracker and its serving process
-        server = psutil.Process(pools[0].workers[0].server.proc.pid)  # type: ignore[attr-defined]
         for session in server.children(recursive=True):  # the server's session processes
             session.kill()
         assert not psutil.wait_procs(old, timeout=10)[1]  # what answers from now on is the new tracker
