@@ -216,7 +216,7 @@ def guided_figures(spec: str, curves: list[np.ndarray], latencies: list[np.ndarr
     # How often each part of the search proposed a fast config, over the budget: the plan's yield
     # grows with the model while exploration's stays low (docs/benchmarks/kernels-2026-11-27h.md),
     # which is what a share of exploration that changes over a run would weigh.
-    near = 1.05 * statistics.median(float(np.min(sample)) for sample in random_samples.values())
+    near = 1.05 * statistics.median(c["latency_us"] for c in comparisons)
     yields = hits_by_origin(latencies, origins, near, trials)
     figures["hits_by_origin"] = {"threshold_us": near, "quarters_of": trials, "hits_trials": yields}
     print(f"  {spec} trials within 5% of the median random best ({near:.2f} µs), hits/trials per quarter of "
