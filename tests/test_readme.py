@@ -1,10 +1,12 @@
-"""The README's shell and Python examples, run as written, in order, in one fresh folder.
+"""The README's shell and Python examples, and those of the docs pages it sends readers to, run as
+written, in order, in one fresh folder.
 
-Every ```bash and ```python block of README.md runs (bash with -euo pipefail, Python with this
-interpreter), with the farm's command line on PATH and no FARM_DB, so `farm` commands and
-`Client()` use the embedded default database of that folder, as a new user's would. A block
-preceded by a line `<!-- not run ...: why -->` is skipped (the set-up commands, which CI runs
-itself; deployment commands that need GPU hosts).
+Every ```bash and ```python block of README.md, then of each page of PAGES in that order, runs (bash
+with -euo pipefail, Python with this interpreter), with the farm's command line on PATH and no
+FARM_DB, so `farm` commands and `Client()` use the embedded default database of that folder, as a
+new user's would. The pages' examples run after the README's and see what they wrote (docs/export.md
+reads the first session's `best.json` and `msdb/`). A block preceded by a line `<!-- not run ...: why
+-->` is skipped (the set-up commands, which CI runs itself; deployment commands that need GPU hosts).
 """
 
 from __future__ import annotations
@@ -17,33 +19,48 @@ from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+# The pages whose examples moved out of the README, in the order the README had them.
+PAGES = [ROOT / "docs" / name for name in ("cli.md", "running.md", "deploy.md", "search.md", "export.md")]
 BLOCK = re.compile(r"(?P<before>[^\n]*)\n```(?P<lang>[a-z]*)\n(?P<code>.*?)\n```", re.DOTALL)
 
 
-def blocks() -> list[tuple[str, str, bool]]:
-    """(language, code, run) of every fenced block, in README order."""
+def blocks(path: Path = README) -> list[tuple[str, str, bool]]:
+    """(language, code, run) of every fenced block of `path`, in order."""
     return [(m["lang"], m["code"], not m["before"].startswith("<!-- not run"))
-            for m in BLOCK.finditer(README.read_text())]
+            for m in BLOCK.finditer(path.read_text())]
+
+
+def all_blocks() -> list[tuple[str, str, str, bool]]:
+    """(page, language, code, run) of every fenced block of README.md, then of each page of PAGES."""
+    return [(path.relative_to(ROOT).as_posix(), *block) for path in (README, *PAGES) for block in blocks(path)]
 
 
 def test_every_block_has_a_language_and_skipped_ones_say_why() -> None:
     assert blocks(), "no code blocks found in README.md"
-    for lang, code, _ in blocks():
-        assert lang in ("bash", "python", "text"), f"block without a known language: {code[:80]!r}"
+    for page, lang, code, _ in all_blocks():
+        assert lang in ("bash", "python", "text"), f"{page}: block without a known language: {code[:80]!r}"
+
+
+def test_the_readme_links_every_page_whose_examples_run() -> None:
+    text = README.read_text()
+    for path in PAGES:
+        assert f"]({path.relative_to(ROOT).as_posix()})" in text, f"README.md does not link {path.name}"
 
 
 @pytest.mark.slow
 def test_readme_examples_run_as_written(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "FARM_DB"}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
-    ran = 0
-    for number, (lang, code, run) in enumerate(blocks(), 1):
+    ran: dict[str, int] = {}
+    for number, (page, lang, code, run) in enumerate(all_blocks(), 1):
         if not run or lang == "text":
             continue
         command = ["bash", "-euo", "pipefail", "-c", code] if lang == "bash" else [sys.executable, "-c", code]
         proc = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-        assert proc.returncode == 0, f"README block {number} ({lang}) failed:\n{code}\n{proc.stderr[-3000:]}"
-        ran += 1
-    assert ran >= 3
+        assert proc.returncode == 0, f"{page}, block {number} ({lang}) failed:\n{code}\n{proc.stderr[-3000:]}"
+        ran[page] = ran.get(page, 0) + 1
+    # The first session and the Python client; the search spec's shell example; applying an export.
+    assert ran.get("README.md", 0) >= 2 and ran.get("docs/search.md") == 1 and ran.get("docs/export.md") == 1, ran
     assert (tmp_path / "kernel.so").exists() and (tmp_path / "msdb" / "database_tuning_record.json").exists()
