@@ -4,7 +4,7 @@
 implementation.
 
 `RPCRunner` keeps one RPC session open across candidates (stock MetaSchedule opens one per
-candidate: 4.4 s each on an H200, mostly spawning the session process). Once per session and
+candidate, each spawning a session process: docs/defaults.md#runner-time-limits). Once per session and
 workload it uploads the inputs, the NumPy reference output and the output check
 (workers.check: NaN fill and error sums as kernels on the device); then for every candidate it
 uploads the library (and its prebuilt cubin), loads it, poisons the output with NaN, runs it
@@ -25,8 +25,8 @@ that runs past its time limit is abandoned with its session; the server's `sessi
 ends the hung session process on the device side, and `on_hang` lets an owner of the
 server restart it sooner. The limit is `timeout` until the session holds the workload's inputs
 and a best latency is known; then it is what a candidate within `screen_factor` of the best
-could take, twice, plus a second (`time_limit`): on the H200 a hung resnet-last-conv candidate held
-its GPU for the whole 10 s, a tenth of a 2-GPU job's wall time, where 1.3 s tell it apart.
+could take, twice, plus a second (`time_limit`): a hung candidate would otherwise hold its GPU for
+the whole `timeout`, where a second or so tells it apart (docs/defaults.md#runner-time-limits).
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ if TYPE_CHECKING:  # imported where used: a third of a second that `farm submit`
 
 log = logging.getLogger("farm.core.costmodel")
 
-# Chosen on measured llvm samples (docs/benchmarks/costmodel.md, bench/costmodel_features.py).
+# Chosen on measured llvm samples (bench/costmodel_features.py; docs/defaults.md#cost-model-parameters).
 XGB_PARAMS: dict[str, Any] = {
     "objective": "rank:pairwise",
     "lambdarank_pair_method": "mean",

@@ -3,8 +3,8 @@
 `os.cpu_count()` counts the machine's cores, not those this process may run on. A container
 given part of a host (`docker run --cpus 4`, a CPU quota, or `--cpuset-cpus`), a job pinned with
 `taskset`, or two benchmarks sharing a 2-GPU host by halves all see the whole machine there, and
-sizing build pools by it oversubscribes their cores: 32 builds on 16 cores ran MetaSchedule's
-into its 30 s build timeout (docs/benchmarks/kernels-2026-11-26g.md).
+sizing build pools by it oversubscribes their cores, which runs builds into their timeouts
+(docs/defaults.md#usable-cores).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ labels) and tie every dashboard to Ray's exporter and its version.
 Conventions (shared/DESIGN.md): prefix `farm_`, base units (`_seconds`, FLOP/s), `_total` on
 counters, no unbounded label values. Label bounds:
 
-- `status`: the six trial statuses of farm.measure.Status; `target`: the target kind
+- `status`: the six trial statuses of farm.core.measure.Status; `target`: the target kind
   (`llvm`, `cuda`, ...); `state`: the five job states; `reason`: `RESTART_REASONS`.
 - `worker`: a worker actor's name (`<kind>-worker-<i>`, `<kind>-worker2-<i>` for a second pool up
   at once), bounded by the pools' sizes;

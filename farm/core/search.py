@@ -22,7 +22,8 @@ from __future__ import annotations
 import math
 import random
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, ClassVar
 
@@ -42,22 +43,40 @@ _MAX_REJECTS = 20_000
 # Knob values that make a candidate compile quickly, which the model-guided search keeps to until
 # it has a model: those first proposals are unguided (nothing yet says an unrolled config will be
 # faster), and the devices wait for their builds. Unrolling is what makes a build slow, and every
-# template that unrolls names its knob so (templates.base.annotate_unroll): 60 random valid configs
-# of resnet-last-conv for cuda, built one at a time on a 2-core machine, took 0.6 s on average
-# (1.1 s at most) without unrolling and 1.0 to 3.3 s with it (up to 23 s). The first model's
-# proposals range over every value again.
+# template that unrolls names its knob so (templates.base.annotate_unroll); the build times behind
+# it: docs/defaults.md#quick-first. The first model's proposals range over every value again.
 QUICK_BUILD: dict[str, KnobValue] = {"auto_unroll_max_step": 0}
 # How many of a shard's first unguided configs keep to QUICK_BUILD: a worker's first batch at the
 # default batch size, the single-candidate chunks that make the first trial quick
-# (scheduler.tuner). Only those: on 2 GPUs the first model came after 60 to 100 trials, all
-# quick-building until then, and each of the 20 fastest configs of resnet-last-conv in those jobs
-# unrolls, so the model-guided search started behind random search (kernels-2026-11-26b.md).
+# (scheduler.tuner). Only those: when every unguided config kept to quick builds, the model-guided
+# search started behind random search, since the fastest configs unroll (docs/defaults.md#quick-first).
 QUICK_FIRST = 16
 # The longest search spec: a job stores it in a 32-character column (db.models.Job.search).
 MAX_SEARCH_CHARS = 32
 # What may propose a config (`SearchStrategy.origin`, stored with each trial): a uniform draw, the
 # grid's order, the model-guided search's screened exploration, or its plan (the model's best).
 ORIGINS = ("random", "grid", "explore", "plan")
+
+
+@dataclass(frozen=True)
+class SearchOption:
+    """One option of a search strategy, as a spec sets it (`xgb:epsilon=0.25`): the one source of
+    its type, bounds, default and description, from which `parse_search` checks specs and
+    `search_help` and `options_markdown` (`farm tune --help`, docs/search.md) describe it. `why`:
+    the anchor of docs/defaults.md that gives the figures behind the default, if any."""
+
+    kind: type[int] | type[float]
+    least: float
+    most: float
+    default: int | float
+    help: str
+    why: str = ""
+
+    def bounds(self) -> str:
+        """The range it accepts, as the docs write it ("0 to 1")."""
+        if self.kind is int:
+            return f"{int(self.least)} to {int(self.most)}"
+        return f"{self.least:g} to {self.most:g}"
 
 
 class SearchStrategy(ABC):
@@ -67,14 +86,23 @@ class SearchStrategy(ABC):
     # Whether its proposals follow the cost model: the tuning loop then waits for a first model
     # before it proposes beyond a round of unguided configs (scheduler.tuner).
     guided = False
-    # The keyword arguments of its constructor a search spec may set: name -> (type, least, most).
-    OPTIONS: ClassVar[dict[str, tuple[type, float, float]]] = {}
+    # The keyword arguments of its constructor a search spec may set, by name.
+    OPTIONS: ClassVar[dict[str, SearchOption]] = {}
 
     def __init__(self, task: Task, shard: Shard, seed: int = 0) -> None:
         self.task, self.shard = task, shard
         self.rng = random.Random(seed * 1_000_003 + shard.number)
         self.seen: set[int] = set()  # proposed or known measured
         self.skipped_invalid = 0
+
+    @classmethod
+    def settings(cls, options: Mapping[str, int | float]) -> dict[str, int | float]:
+        """Every option's value: those of `options`, the others' defaults (TypeError for a name not
+        in OPTIONS, as for any unexpected keyword argument)."""
+        unknown = sorted(set(options) - set(cls.OPTIONS))
+        if unknown:
+            raise TypeError(f"{cls.__name__} got unexpected options {unknown}; its options: {list(cls.OPTIONS)}")
+        return {name: options.get(name, option.default) for name, option in cls.OPTIONS.items()}
 
     def mark_measured(self, indices: Iterable[int]) -> None:
         """Exclude configs measured elsewhere (another shard's worker, an earlier run)."""
@@ -188,71 +216,60 @@ class XGBSearch(RandomSearch):
       greedily by score minus a distance penalty: one standard deviation of the scores for
       every already picked config it differs from in fewer than `min_distance` knobs.
 
+    Every batch takes a share `epsilon` of its configs from screened exploration, the rest from the
+    plan: each exploratory config is the best-scored of `screen` configs drawn uniformly from the
+    shard's unseen valid ones. Trained on a run's first trials, the model ranks the run's own best
+    above every uniform config, so the plan alone stays in the region it found first; yet its
+    favourites among uniform draws hold most of the fast configs other runs found
+    (docs/defaults.md#epsilon, docs/defaults.md#screen).
+
+    With `late` N > 0, exploration takes `late_eps` of each batch instead, once the shard has N
+    results: the plan's yield of fast configs grows as a run goes on while exploration's stays low
+    (docs/defaults.md#late, docs/defaults.md#late-eps).
+
     With `refresh` N > 0 the tuning loop also retrains the model between round closes, whenever N
     results have come in since the last training began, and hands it over, kept in memory only
-    (scheduler.tuner); 0, the default, retrains at round closes only. A proposal's model is then
-    about the queue's length old, not the queue's plus up to a round's. A replay of nine sets of
-    random runs promised about 15% fewer trials to the median random run's best
-    (docs/benchmarks/kernels-2026-11-27g.md). On H100s `refresh=4` raised the plan's share of fast
-    configs in trials 44 to 86 on resnet-last-conv and matmul. The trials to random's best moved
-    within the measure's noise (both sides with `late=0`): on resnet-last-conv, 3.77x against
-    3.02x over four leases pooled (9 and 11 runs against 9 random seeds, kernels-2026-11-28.md);
-    on conv2d 1x256x14x14 and matmul 1024³, 2.44x and 3.17x against 5.03x and 3.77x in one lease
-    of 3 runs each (kernels-2026-11-27h.md).
+    (scheduler.tuner), so that a proposal's model is about the queue's length old, not the queue's
+    plus up to a round's. 0, the default, retrains at round closes only: the gain stayed within the
+    measure's noise (docs/defaults.md#refresh).
 
-    With `late` N > 0 (43 by default; 0 turns it off), exploration's share falls to `late_eps`
-    (0.15) once the shard has N results. On H100s the plan's yield of fast configs (within 5% of
-    the median random best) grew from 1-4% of its trials in the first quarter of a 171-trial run
-    to 50-76% in the last, while exploration's stayed at 0-7% and took half of every batch
-    (kernels-2026-11-27h.md). With `late=43` (a quarter of 171 trials), one lease of four H100s
-    gave issue 15's measure of 4.14x, 3.56x and 3.38x on resnet-last-conv, conv2d 1x256x14x14 and
-    matmul 1024³ (16, 8 and 8 runs against 8, 4 and 4 random runs of 512), where the earlier
-    default (0) had missed 3x on resnet-last-conv in every lease. Pooled with the earlier leases,
-    it raised resnet-last-conv from 3.02x to 4.14x and lowered matmul from 5.13x to 3.38x, where
-    exploration had found many early bests (kernels-2026-11-28.md).
-
-    Every batch takes a share `epsilon` of its configs from screened exploration (`late_eps`
-    instead once the shard has `late` results, if `late` > 0), the rest from the plan: each
-    exploratory config is the best-scored of `screen` configs drawn uniformly from
-    the shard's unseen valid ones. Half and 32 by default, because of where the model puts what
-    it has not measured (bench/search_screening.py on six 171-trial runs of two convolutions, H100
-    and H200, docs/benchmarks/kernels-2026-11-27b.md): trained on a run's first 64 or 96 trials,
-    it ranks the run's own best above every one of 3,000 uniform configs, in every run, even at 59
-    µs, so the plan (annealing from there to what scores highest) stays in that region; one run in
-    three settled so at 23 µs for 140 trials. Yet the fast configs other runs found (under
-    random's median best) lie high among uniform configs: trained on 96 trials, its top 10% held
-    67 to 100% of them in all six runs, 7 to 10 times their share (on 64, 0 to 100%, median
-    70%). With half and best of 16, each case's median run of three beat the median of three
-    random runs of 512 within 171 trials on conv2d 1x256x14x14 and matmul 1024³, not on
-    resnet-last-conv (kernels-2026-11-27c.md); there, on the random runs' 1,536 configs, a
-    best-of-32 pick was within a tenth of random's median best 1.03 to 1.6 times as often as a
-    best-of-16 one for a model trained on 64 to 128 trials, on all three cases (means over each
-    case's three runs; on 32 trials, 0.8 to 1.3 times); best of 64 gained on matmul and lost on
-    the convolutions' early models. At 32, three resnet-last-conv runs on an H100 ended at 17.41,
-    15.02 and 15.02 µs (at 16: 22.95, 15.83, 18.10), not yet against random runs of their session.
-    Earlier, with uniform picks
-    (`screen` 1): a twentieth left two of three resnet-last-conv runs at 20.6 and 23.4 µs, a sixth
-    let two of three reach 14.6 and 15.8 µs (kernels-2026-11-27.md): exploration paid even when
-    the picks themselves were slow (median 170 to 1300 µs after the 60th trial against the plan's
-    20 to 30, kernels-2026-11-26h.md).
+    Its options, with their types, bounds and defaults: `OPTIONS` (docs/search.md#search-options).
     """
 
     name = "xgb"
     guided = True
-    OPTIONS: ClassVar[dict[str, tuple[type, float, float]]] = {
-        "epsilon": (float, 0.0, 1.0), "screen": (int, 1, 1024), "chains": (int, 1, 4096), "steps": (int, 1, 1024),
-        "min_distance": (int, 0, 64), "plan_size": (int, 1, 1024), "quick_first": (int, 0, 1024),
-        "refresh": (int, 0, 1024), "late": (int, 0, 1 << 20), "late_eps": (float, 0.0, 1.0)}
+    OPTIONS: ClassVar[dict[str, SearchOption]] = {
+        "epsilon": SearchOption(float, 0.0, 1.0, 0.5, "the share of each batch taken from screened exploration",
+                                "epsilon"),
+        "screen": SearchOption(int, 1, 1024, 32, "each exploratory config is the model's favourite of this many "
+                               "uniform draws (1: uniform picks)", "screen"),
+        "chains": SearchOption(int, 1, 4096, 256, "annealing chains, started from the shard's best measured "
+                               "configs (a fifth of them) and random ones"),
+        "steps": SearchOption(int, 1, 1024, 64, "annealing steps of each chain, each changing one knob"),
+        "min_distance": SearchOption(int, 0, 64, 2, "the plan's diversity: a config is penalised for every "
+                                     "config already picked that it differs from in fewer knobs than this"),
+        "plan_size": SearchOption(int, 1, 1024, 32, "configs planned at a time (planned again when a new model "
+                                  "arrives or the plan is used up)"),
+        "quick_first": SearchOption(int, 0, 1024, QUICK_FIRST, "a shard's first unguided configs kept to those "
+                                    "that build quickly (no unrolling)", "quick-first"),
+        "refresh": SearchOption(int, 0, 1024, 0, "N > 0 also retrains the model between round closes, whenever "
+                                "N results have come in, kept in memory (`farm tune -v` logs how often); "
+                                "0: at round closes only", "refresh"),
+        "late": SearchOption(int, 0, 1 << 20, 43, "once the shard has this many results, exploration takes "
+                             "`late_eps` of each batch instead of `epsilon` (0: `epsilon` throughout)", "late"),
+        "late_eps": SearchOption(float, 0.0, 1.0, 0.15, "exploration's share once the shard has `late` "
+                                 "results", "late-eps"),
+    }
 
-    def __init__(self, task: Task, shard: Shard, seed: int = 0, *, epsilon: float = 0.5, screen: int = 32,
-                 chains: int = 256, steps: int = 64, min_distance: int = 2, plan_size: int = 32,
-                 quick_first: int = QUICK_FIRST, refresh: int = 0, late: int = 43, late_eps: float = 0.15) -> None:
+    def __init__(self, task: Task, shard: Shard, seed: int = 0, **options: int | float) -> None:
+        """`options`: any of OPTIONS by name, each its default when not given."""
         super().__init__(task, shard, seed)
+        o = self.settings(options)  # `refresh` is the tuning loop's, read from the spec (scheduler.tuner)
         self._seed = seed
-        self.epsilon, self.screen, self.chains, self.steps = epsilon, screen, chains, steps
-        self.min_distance, self.plan_size = min_distance, plan_size
-        self.late, self.late_eps = late, late_eps
-        del refresh  # the tuning loop's setting, which it reads from the spec (scheduler.tuner), not the search's
+        self.epsilon, self.screen = o["epsilon"], int(o["screen"])
+        self.chains, self.steps = int(o["chains"]), int(o["steps"])
+        self.min_distance, self.plan_size = int(o["min_distance"]), int(o["plan_size"])
+        self.late, self.late_eps = int(o["late"]), o["late_eps"]
         self.model: CostModel | None = None
         self._np = np.random.default_rng([seed, shard.number, shard.count])
         self._plan: list[int] = []
@@ -264,7 +281,7 @@ class XGBSearch(RandomSearch):
         # Whether a config has the quick-building values (None: the space has none of those knobs).
         self._quick: Callable[[Config], bool] | None = (
             (lambda config: all(config[name] == value for name, value in quick.items())) if quick else None)
-        self._quick_left = quick_first  # unguided configs still to keep to QUICK_BUILD
+        self._quick_left = int(o["quick_first"])  # unguided configs still to keep to QUICK_BUILD
         self._origins: dict[int, str] = {}  # "explore" or "plan" per config proposed with a model
 
     @property
@@ -536,14 +553,14 @@ def parse_search(spec: str) -> tuple[type[SearchStrategy], dict[str, int | float
             raise FarmError(f"unknown option {key!r} of search {name!r} (in {spec!r}); its options: {known}")
         if not eq or key in options:
             raise FarmError(f"search {spec!r}: give each option once, as {key}=VALUE")
-        kind, least, most = strategy.OPTIONS[key]
+        option = strategy.OPTIONS[key]
         try:
-            value = kind(text)
+            value = option.kind(text)
         except ValueError:
-            raise FarmError(f"search {spec!r}: {key} takes {'an integer' if kind is int else 'a number'}, "
+            raise FarmError(f"search {spec!r}: {key} takes {'an integer' if option.kind is int else 'a number'}, "
                             f"got {text!r}") from None
-        if not least <= value <= most:  # also refuses nan
-            raise FarmError(f"search {spec!r}: {key} must lie in [{least:g}, {most:g}], got {text}")
+        if not option.least <= value <= option.most:  # also refuses nan
+            raise FarmError(f"search {spec!r}: {key} must lie in [{option.least:g}, {option.most:g}], got {text}")
         options[key] = value
     return strategy, options
 
@@ -552,3 +569,31 @@ def make_search(spec: str, task: Task, shard: Shard, seed: int = 0) -> SearchStr
     """The strategy a search spec names, with its options, for one shard; FarmError for a bad spec."""
     strategy, options = parse_search(spec)
     return strategy(task, shard, seed, **options)
+
+
+def _summary(strategy: type[SearchStrategy]) -> str:
+    """The first line of a strategy's docstring as a phrase: lower case first, no full stop."""
+    line = (strategy.__doc__ or "").strip().splitlines()[0].rstrip(".")
+    return line[:1].lower() + line[1:]
+
+
+def search_help() -> str:
+    """The help of `farm tune --search`: the strategies, and each option with its type, bounds,
+    default and description (from STRATEGIES and their OPTIONS)."""
+    strategies = "; ".join(f"{name} ({_summary(s)})" for name, s in STRATEGIES.items())
+    options = [f"{name}:KEY=VALUE,... (at most {MAX_SEARCH_CHARS} characters) takes "
+               + "; ".join(f"{key} ({o.kind.__name__}, {o.bounds()}, default {o.default:g}): {o.help}"
+                           for key, o in s.OPTIONS.items())
+               for name, s in STRATEGIES.items() if s.OPTIONS]
+    return f"Search strategy: {strategies}. " + ". ".join(options) + "."
+
+
+def options_markdown() -> str:
+    """The table of every strategy's options in docs/search.md (tests/test_search_options.py keeps
+    that page's copy equal to this)."""
+    lines = ["| search | option | type | range | default | what it sets |", "|---|---|---|---|---|---|"]
+    for name, strategy in STRATEGIES.items():
+        for key, o in strategy.OPTIONS.items():
+            why = f" ([why](defaults.md#{o.why}))" if o.why else ""
+            lines.append(f"| `{name}` | `{key}` | {o.kind.__name__} | {o.bounds()} | {o.default:g} | {o.help}{why} |")
+    return "\n".join(lines) + "\n"

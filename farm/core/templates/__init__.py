@@ -34,8 +34,8 @@ def get_template(workload: Workload, target: TargetSpec | str) -> Template:
 # sm_90a's wgmma. A target asks for them itself, since their kernels run on that one arch only.
 ARCH_SPECIFIC = {"sm_90": "sm_90a"}
 # The workloads whose arch-specific template was measured faster than the portable one, the only
-# ones the hint names it for: cuda.wgmma's float16 matmuls. Its convolutions were 10x slower than
-# WMMA's on an H100 (207.9 us against 25.4 us, docs/benchmarks/kernels-2026-11-26e.md).
+# ones the hint names it for: cuda.wgmma's float16 matmuls. Its convolutions were slower than
+# WMMA's (docs/defaults.md#wgmma-convolutions).
 HINTED = {"cuda.wgmma": ("matmul",)}
 
 

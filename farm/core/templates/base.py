@@ -88,8 +88,8 @@ def compile_scheduled(mod: Any, target: TargetSpec) -> Any:
 
     That option makes the copies of a `pipeline` stage marked asynchronous ``cp.async``. TVM
     leaves it off, and without it those copies stay ordinary loads and stores (wait_group calls
-    around them, waiting for nothing), which is what every `pipeline` >= 2 kernel measured before
-    2026-11-26 was. Two limits of TVM 0.27's lowering with it on, which templates keep clear of
+    around them, waiting for nothing), which is what the first `pipeline` >= 2 kernels measured had
+    (docs/defaults.md#async-copies). Two limits of TVM 0.27's lowering with it on, which templates keep clear of
     (`verify.verify_gpu` rejects the first): its ``cp.async`` injection copies a vector from the
     base of its index, whatever the stride (a strided vector copy comes out contiguous, wrong);
     and a loop in which one thread copies a contiguous run becomes a DMA call that CUDA cannot
@@ -155,8 +155,8 @@ def pipeline_error(pipeline: int, steps: int, target: TargetSpec, implicit_unrol
         return f"asynchronous copies need sm_80 or later, not {target.arch}"
     if buffers > 2 and implicit_unroll:
         # The pipeline's epilogue then becomes a `#pragma unroll` loop whose cp.async wait
-        # counts depend on its variable, which TVM 0.27's CUDA codegen rejects (4 of 4 such
-        # candidates failed to build in the H100 check of 2026-11-25).
+        # counts depend on its variable, which TVM 0.27's CUDA codegen rejects: such candidates
+        # failed to build (docs/defaults.md#async-copies).
         return "3 or more pipeline buffers need explicit unrolling (unroll_explicit=1) or none"
     return None
 

@@ -38,8 +38,8 @@ TensorIR tensorize tests): the output is tiled into 16x16 fragments, grouped
 - `split_k` cuts the reduction into 1 to 8 slices, each computed by blocks of its own (blockIdx.z,
   with the groups) into a float32 buffer of partial products (TVM's ``rfactor``), which a second
   kernel adds up, one thread per output, and writes out in the workload's layout and dtype. It
-  fills the GPU where the output alone gives too few blocks: a ResNet 14x14 stage at batch 8 is
-  98 blocks of 128x32 on 132 SMs, 8 warps each (kernels-2026-11-26d.md). The partial sums cost
+  fills the GPU where the output alone gives too few blocks, as a ResNet 14x14 stage at batch 8
+  does on an H100 (docs/defaults.md#tensorcore-split-k). The partial sums cost
   slices x M x N floats written and read, mostly in L2;
 - `pipeline` keeps 2 to 4 copies of the shared tiles (base.PIPELINE: 1 with ordinary loads, 2 to 4
   with asynchronous copies on sm_80 and later), so the next steps' tiles load while this one

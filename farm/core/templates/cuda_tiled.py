@@ -74,11 +74,11 @@ PIPELINE_OF = {"matmul": PIPELINE}
 # A at one k are then contiguous, so that they load as vectors (LDS.64/128, which nvcc forms from
 # the unrolled scalar loads) when the register copies are refilled one k at a time (tile_k's inner
 # factor 1) for large register tiles, the SIMT SGEMM structure of cuBLAS's kernels; row-major, they
-# are `tile_i`'s inner factor scalar loads (kernels-2026-11-25d.md). The copy into it still reads A
+# are `tile_i`'s inner factor scalar loads (docs/defaults.md#tiled-a-k-major). The copy into it still reads A
 # coalesced along k and stores down its columns (with asynchronous copies, one element per 4-byte
 # cp.async). Unpadded, consecutive k of a column are a whole row of the tile apart, a multiple of
 # 32 banks for 32 rows or more: the stores of neighbouring threads hit one bank (4 ways with
-# float4 loads, up to 16 with cp.async; kernels-2026-11-26b.md). So the tile's rows are padded to
+# float4 loads, up to 16 with cp.async; docs/defaults.md#tiled-a-k-major). So the tile's rows are padded to
 # a stride of KMAJOR_PAD floats over a multiple of 32 banks (at most 2 ways), which keeps each
 # thread's rows 16-byte aligned for LDS.128.
 A_KMAJOR_OF = {"matmul": (0, 1)}

@@ -60,10 +60,10 @@ all its threads (thread 0 also arrives with A's bytes to expect). Column p of C 
 (n, y, x) = (p // (OH*OW), p % (OH*OW) // OW, p % OW), stored one half at a time, and the pixels
 need not fill the last tile: the gathers and stores stop at N*OH*OW. A block's gathers (2-byte
 loads with their index arithmetic) are issued by 4 or 8 warps and may outlast its wgmmas; cuDNN
-transposes the input to NHWC first instead (docs/benchmarks/kernels-2026-11-26d.md). Each thread
-loads a batch of elements into registers from clamped positions, unconditionally, before it
-stores any: loads under the padding's branch went to L2 one at a time, and the first kernels run
-took 208 us where WMMA's took 25 (docs/benchmarks/kernels-2026-11-26e.md).
+transposes the input to NHWC first instead. Each thread loads a batch of elements into registers
+from clamped positions, unconditionally, before it stores any: loads under the padding's branch
+went to L2 one at a time, and the first kernels run were several times slower than WMMA's
+(docs/defaults.md#wgmma-convolutions).
 
 Every tile is whole (`check`): a matmul's M, N and K, a convolution's CO and K, must be
 multiples of the block's tile and of 64.
@@ -363,7 +363,7 @@ def _kernel(wl: Workload, config: Config) -> Any:
         # registers, then its stores. Each load reads a clamped position, inside X whatever the
         # window, so that no load is conditional: a load under a branch is issued only once the
         # store before it has its value, and the loads then waited for L2 one after another
-        # (2026-11-26e: 13,000 cycles per reduction tile, a kernel 10x slower than WMMA's).
+        # (docs/defaults.md#wgmma-convolutions).
         # The padding's zeros are selected in the second pass.
         staged = T.alloc_buffer((batch,), "float16", scope="local")
         for b in T.serial(batches):
@@ -448,9 +448,8 @@ def _kernel(wl: Workload, config: Config) -> Any:
         # slices, then B's), and offset for each stage and step: a descriptor's start address is
         # its low 14 bits, the shared address / 16, and every tile lies below 256 KB, so adding the
         # offset / 16 moves the descriptor as encoding the moved address would. Encoded anew for
-        # every wgmma, the bit fields took about 10 instructions each in the main loop, where
-        # cuBLAS's kernel issues one or two (ncu: twice cuBLAS's instructions per wgmma,
-        # kernels-2026-11-26h).
+        # every wgmma, the bit fields took several instructions each in the main loop, where
+        # cuBLAS's kernel adds offsets (docs/defaults.md#wgmma-matmul).
         for s in T.unroll(slices):
             T.cuda.wgmma.encode_matrix_descriptor(
                 T.address_of(desc[2 + s]), T.address_of(smem[(warpgroup * slices + s) * SLICE * TILE_K]),
@@ -500,7 +499,7 @@ def _kernel(wl: Workload, config: Config) -> Any:
                         # columns 8j + 2q, + 1 of each j); transposed, lane q has all 8 columns
                         # of j = 4 group + q, 16 contiguous bytes it stores at once. 4-byte stores
                         # covered half a 32-byte sector per row, and a tile's 64 per thread
-                        # stalled the load/store queue (ncu, kernels-2026-11-26h).
+                        # stalled the load/store queue (docs/defaults.md#wgmma-matmul).
                         for half in T.unroll(2):
                             for group in T.unroll(bn // 32):
                                 for q in T.unroll(4):
