@@ -94,6 +94,9 @@ class MemoDevice:
         """The worker contract (scheduler.local_pool.BatchWorker), memoised."""
         return [replace(r, shard=shard) for r in self.measure(task, indices, round_)]
 
+    def cancel(self) -> None:
+        """Nothing to stop: a call returns at once, from the cache or after measuring in full."""
+
     def close(self) -> None:
         """Nothing: the device outlives the pools of the jobs it serves (``with`` closes it)."""
 

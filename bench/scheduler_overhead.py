@@ -42,6 +42,9 @@ class InstantWorker:
         return [MeasureResult(i, task.space.get(i).to_json(), Status.OK, latencies=[self.rng.uniform(1e-5, 1e-3)] * 3,
                               device="none", worker=self.name, shard=shard, round=round_) for i in indices]
 
+    def cancel(self) -> None:
+        """Nothing to stop: a call returns at once."""
+
     def close(self) -> None:
         """Nothing to release."""
 

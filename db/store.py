@@ -187,7 +187,8 @@ class ResultStore(ABC):
     def cancel_job(self, job_id: int) -> bool:
         """Cancel a queued or running job; False if there is no such active job.
 
-        A running job's scheduler learns of it from `heartbeat`.
+        A running job's tuning loop learns of it within half a second and stops its work in flight
+        (scheduler.tuner); its heartbeat is refused from then on.
         """
 
     @abstractmethod

@@ -6,7 +6,6 @@ import atexit
 import json
 import logging
 import os
-import signal
 import sys
 import threading
 from pathlib import Path
@@ -14,9 +13,11 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.table import Table
+from typer.core import TyperCommand
 
 from deploy.cluster import cluster_app
-from farm.core.errors import FarmError, require_folder_of
+from farm.core.errors import FarmError
+from farm.core.files import replacing, writable_file, writable_folder
 from farm.progress import format_latency, make_console
 
 if TYPE_CHECKING:
@@ -91,7 +92,20 @@ def workloads(
     out.print(presets)
 
 
-@app.command(context_settings={"allow_extra_args": False})
+class _SearchHelpCommand(TyperCommand):
+    """A command whose `--search` help is generated from the search options when its help is shown
+    (farm.core.search.search_help), so that no other use of the CLI imports the search (numpy)."""
+
+    def format_help(self, ctx: typer.Context, formatter: Any) -> None:
+        from farm.core.search import search_help
+
+        for param in self.params:
+            if param.name == "search":
+                param.help = search_help()  # type: ignore[attr-defined]  # an option's, which has help
+        super().format_help(ctx, formatter)
+
+
+@app.command(cls=_SearchHelpCommand, context_settings={"allow_extra_args": False})
 def tune(
     kernel: KernelArg,
     target: TargetOpt = "llvm",
@@ -99,12 +113,8 @@ def tune(
     db: DbOption = None,
     workers: Annotated[int | None, typer.Option(
         min=1, help="Devices to measure on (default: every GPU for cuda, 1 for llvm).")] = None,
-    search: Annotated[str, typer.Option(help="Search strategy: xgb (the cost model guides simulated annealing; "
-                                        "until it has trained on a round, random configs that compile quickly), "
-                                        "random or grid; xgb takes options as xgb:KEY=VALUE,...: epsilon "
-                                        "(share of each batch from exploration, 0.5), screen (each exploratory "
-                                        "config the model's best of this many uniform draws, 32), chains, "
-                                        "steps, min_distance, plan_size, quick_first.")] = "xgb",
+    search: Annotated[str, typer.Option(
+        help="Search strategy and its options (farm.core.search.search_help, when shown).")] = "xgb",
     export: Annotated[Path | None, typer.Option(help="Write the best config (farm.best/1 JSON) here.")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the search.")] = 0,
     batch_size: Annotated[int, typer.Option(min=1, help="Candidates per worker per round.")] = 16,
@@ -128,7 +138,9 @@ def tune(
     wl = _one_workload(kernel)
     spec = parse_target(target)
     if export is not None:
-        require_folder_of(export)
+        writable_file(export)
+    if log_dir is not None:
+        writable_folder(log_dir)
     if spec.is_gpu:
         gpus = gpu_count()
         if gpus == 0:
@@ -149,8 +161,8 @@ def tune(
             console.print(hint, markup=False, highlight=False)
         try:
             job.wait(progress=True)
-        except KeyboardInterrupt:
-            job.cancel()  # the job's thread stops within a batch; its trials stay
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM: leaving the client's block stops the job (cancelled)
+            console.print(f"job {job.id} interrupted: stopping it, its trials kept", markup=False)
             raise
         _report_best(job, export)
 
@@ -244,6 +256,8 @@ def scheduler(
     from scheduler.service import Scheduler
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    if log_dir is not None:
+        writable_folder(log_dir)
     import_tvm()  # the jobs' tasks need it (see farm.core.tvm_import)
     address = _host_port(tracker) if tracker else None
     store = _open_store(db)
@@ -258,20 +272,14 @@ def scheduler(
         port = metrics.serve(0, metrics_host)
         logging.getLogger("farm.scheduler").warning("metrics port %d is taken; serving on %d", wanted, port)
     logging.getLogger("farm.scheduler").info("metrics at http://%s:%d/metrics", metrics_host, port)
-    # SIGTERM (docker stop, systemd) stops it like Ctrl-C: the running job is given back, queued.
-    # (Once Ray runs, its own SIGTERM handler exits the process; Scheduler.run_job gives the job
-    # back on that SystemExit too.)
-    signal.signal(signal.SIGTERM, _interrupt)
+    # SIGTERM (docker stop, systemd) stops it like Ctrl-C (main: stop_on_signals): its running
+    # jobs are given back, queued.
     with Scheduler(store, tracker=address, ray_address=ray_address, log_dir=log_dir,
                    give_back_on_interrupt=True, max_jobs=max_jobs, keep_warm_seconds=keep_warm) as service:
         try:
             service.serve(poll_seconds=poll, once=once)
         except KeyboardInterrupt:
             console.print("scheduler stopped; a running job was given back")
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
 
 
 def _host_port(text: str) -> tuple[str, int]:
@@ -426,9 +434,10 @@ def export(
     db: DbOption = None,
 ) -> None:
     """Export a job's best config per task, or merge exports of several jobs or farms."""
-    from farm.export import export_job, load, write
+    from farm.export import check_output, export_job, load, write
     from farm.export import merge as merge_documents
 
+    check_output(output, format)
     if merge:
         records = merge_documents([load(path, allow_stale) for path in sources])["records"]
         write(records, output, format)
@@ -460,18 +469,14 @@ def build(
     from farm.apply import build as build_kernel
 
     wl = _one_workload(kernel)
-    require_folder_of(output)
+    writable_file(output)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         lib = build_kernel(wl, target, best, allow_stale=allow_stale)
     for w in caught:
         console.print(f"farm: warning: {w.message}")
-    tmp = output.with_name(f".{output.name}.tmp.so")
-    try:
+    with replacing(output, suffix=".so") as tmp:  # the linker's own file: whole or not at all
         lib.export_library(str(tmp))
-        os.replace(tmp, output)
-    finally:
-        tmp.unlink(missing_ok=True)
     out.print(f"wrote {output}: {wl}, inputs {wl.input_shapes()} -> output {wl.output_shape()} ({wl.dtype})")
 
 
@@ -494,6 +499,8 @@ def predict(
 
     wl = _one_workload(kernel)
     spec = parse_target(target)
+    if log_dir is not None:
+        writable_folder(log_dir)
     predictions = predict_configs(wl, spec, _open_store(db, must_exist=True), top=top, measure=measure,
                                   log_dir=log_dir)
     out.print(render(predictions, as_json), soft_wrap=True)
@@ -512,6 +519,7 @@ def report(
     --timeline, draw where one job's time went."""
     from farm.report import plot_timeline, plot_tuning_curves, rounds_summary, utilisation
 
+    writable_file(output)
     store = _open_store(db, must_exist=True)
     if timeline:
         if len(jobs) != 1:
@@ -583,9 +591,15 @@ def main() -> NoReturn:
 
 
 def _run() -> int:
-    """Run the app; its exit status (a user error: one line on stderr first)."""
+    """Run the app; its exit status (a user error: one line on stderr first). SIGTERM stops any
+    command as Ctrl-C does (scheduler.cluster.stop_on_signals): `farm scheduler` gives its jobs
+    back, `farm tune` cancels its job, each closing what it started."""
+    from scheduler.cluster import stop_on_signals
+
+    stop_on_signals(program=True)
     try:
-        app(standalone_mode=False)
+        # Outside standalone mode typer returns the status of a typer.Exit, its own Ctrl-C (130) included.
+        status = app(standalone_mode=False)
     except FarmError as e:
         print(f"farm: error: {e}", file=sys.stderr)
         return 2
@@ -601,7 +615,9 @@ def _run() -> int:
         message = e.format_message() if hasattr(e, "format_message") else str(e)
         print(f"farm: error: {message} (see farm --help)", file=sys.stderr)
         return 2
-    return 0
+    if status == 130:
+        print("farm: interrupted", file=sys.stderr)
+    return status if isinstance(status, int) else 0
 
 
 def _leave(status: int) -> NoReturn:

@@ -31,11 +31,13 @@ from typing import TYPE_CHECKING, Any, cast
 from db.engine import display_url
 from db.store import ResultStore, open_store
 from farm.core.errors import FarmError, one_line
+from farm.core.files import writable_folder
 from farm.core.jobspec import JobRequest
 from farm.core.targets import TargetSpec, parse_target
 from farm.core.workloads import Workload
 from farm.export import export_job, job_records
 from farm.progress import JobProgress
+from scheduler.cluster import restore_sigterm, stop_on_signals
 from scheduler.pool import PoolFactory
 from scheduler.service import Scheduler
 
@@ -98,7 +100,8 @@ class Job:
         return self.client.store.trials(job_id=self.id)
 
     def cancel(self) -> bool:
-        """Ask the farm to stop the job (measured trials stay). False if it had already ended."""
+        """Stop the job: nothing more is handed out, the candidates on its devices finish within
+        about a second, and its measured trials stay. False if it had already ended."""
         return bool(self.client.store.cancel_job(self.id))
 
     def export(self, path: str | Path, format: str = "farm") -> Path:
@@ -131,7 +134,9 @@ class Client:
         self.in_process = url is None if in_process is None else in_process
         self._url = url
         self.url = display_url(url)  # for messages: the password masked; FarmError for a malformed URL
-        self.log_dir, self.pool_factory = log_dir, pool_factory
+        # Checked here, before a job is submitted: a log folder that cannot be written is one line.
+        self.log_dir = writable_folder(log_dir) if log_dir is not None else None
+        self.pool_factory = pool_factory
         # The home thread starts Ray and the workers ahead of jobs and stops them at the end: a Ray
         # driver started in a thread that ends loses its cluster, and stops fastest from the thread
         # that started it. Jobs run in threads of their own, several at once.
@@ -140,6 +145,7 @@ class Client:
         self._running: dict[int, cf.Future[str]] = {}
         self._scheduler: Scheduler | None = None
         self._scheduler_lock = threading.Lock()
+        self._took_sigterm = False  # whether this client made SIGTERM interrupt (see `_run_here`)
 
     @cached_property
     def store(self) -> ResultStore:
@@ -160,6 +166,7 @@ class Client:
                                    batch_size=batch_size, rpc_keys=rpc_keys, name=name)
         job = Job(self, self.store.submit(request))
         if self.in_process:
+            self._run_here()
             self._at_home().submit(self._start_ray, request.target.kind)
             if self._job_threads is None:
                 self._job_threads = cf.ThreadPoolExecutor(MAX_JOBS, thread_name_prefix="farm-job")
@@ -175,7 +182,16 @@ class Client:
         of a running farm, whose workers are up."""
         if self.in_process:
             spec = target if isinstance(target, TargetSpec) else parse_target(target)
+            self._run_here()
             self._at_home().submit(self._prepare, {"target": spec.to_json(), "workers": workers})
+
+    def _run_here(self) -> None:
+        """Before this client first runs jobs in process: SIGTERM, unless the program handles it
+        itself, interrupts the main thread as Ctrl-C does (scheduler.cluster.stop_on_signals), so
+        that the `with` block (or `close`) stops the jobs rather than the process dying with them
+        `running` in the database."""
+        if not self._took_sigterm:
+            self._took_sigterm = stop_on_signals()
 
     def _at_home(self) -> cf.ThreadPoolExecutor:
         if self._home is None:
@@ -222,9 +238,13 @@ class Client:
         if future is not None and future.done() and future.exception() is not None:
             raise future.exception()  # type: ignore[misc]
 
-    def close(self) -> None:
+    def close(self, interrupt: bool = False) -> None:
         """Wait for in-process jobs to end, stop what this client started (its pools, tracker and
-        local Ray instance), release the database."""
+        local Ray instance), release the database. With `interrupt` (leaving a `with` block by an
+        exception: Ctrl-C, SIGTERM, an error), the jobs are stopped first, each within a candidate,
+        and recorded as cancelled ("interrupted"), their trials kept."""
+        if interrupt and self._scheduler is not None:
+            self._scheduler.interrupt()
         if self._job_threads is not None:
             self._job_threads.shutdown(wait=True)
         if self._home is not None:
@@ -233,9 +253,12 @@ class Client:
             self._home.shutdown(wait=True)
         if "store" in self.__dict__:
             self.store.close()
+        if self._took_sigterm:
+            restore_sigterm()
+            self._took_sigterm = False
 
     def __enter__(self) -> Client:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        self.close(interrupt=exc_type is not None)

@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from db.store import ResultStore
-from farm.core.errors import FarmError, brief, require_folder_of
+from farm.core.errors import FarmError, brief
+from farm.core.files import replacing, writable_file, writable_folder
 from farm.core.task import Task
 from farm.core.untrusted import MAX_JSON_BYTES, check_depth, parse_json
 
@@ -35,6 +36,10 @@ FORMAT = "farm.best/1"
 MAX_LATENCY_US = 8.64e10
 _FIELDS = {"workload": dict, "target": dict, "template": str, "template_version": str, "config": dict,
            "latency_us": (int, float), "device": str}
+# Every field a record may hold (`record` writes them all): one it does not know is refused, as a
+# config's unknown knob is, rather than applied without a word (a typo, or a newer farm's field).
+RECORD_FIELDS = frozenset({*_FIELDS, "latency_stats_us", "gflops", "tvm_version", "measured_at"})
+DOCUMENT_FIELDS = frozenset({"format", "records"})
 
 
 def record(task: Task, trial: dict[str, Any], template_version: str) -> dict[str, Any]:
@@ -77,17 +82,36 @@ def job_records(store: ResultStore, job_id: int) -> list[dict[str, Any]]:
 
 
 FORMATS = ("farm", "metaschedule")
+METASCHEDULE_FILES = ("database_workload.json", "database_tuning_record.json")
 
 
 def write(records: list[dict[str, Any]], path: str | Path, format: str = "farm") -> None:
     """Write `records` as `format`: farm, one farm.best/1 JSON file; metaschedule, a folder
     holding a MetaSchedule JSON database. FarmError for another format."""
-    if format not in FORMATS:
-        raise FarmError(f"unknown export format {format!r}: use {' or '.join(FORMATS)}")
+    check_output(path, format)
     if format == "farm":
         write_json_atomic(path, export_document(records))
     else:
         write_metaschedule(records, path)
+
+
+def check_output(path: str | Path, format: str = "farm") -> Path:
+    """`path` as a Path if an export of `format` can be written there: a file whose folder takes
+    new files (farm), or a folder that holds no MetaSchedule database yet, in a folder that takes
+    new files (metaschedule). FarmError otherwise, before anything is written."""
+    if format not in FORMATS:
+        raise FarmError(f"unknown export format {format!r}: use {' or '.join(FORMATS)}")
+    if format == "farm":
+        return writable_file(path)
+    out = Path(path)
+    if any((out / name).exists() for name in METASCHEDULE_FILES):
+        raise FarmError(f"{out} already holds a MetaSchedule database; choose an empty folder")
+    if out.exists() and not out.is_dir():
+        raise FarmError(f"cannot write {out}: it is a file; a MetaSchedule export is a folder")
+    if not out.parent.is_dir():
+        raise FarmError(f"cannot write {out}: folder {out.parent} does not exist")
+    writable_folder(out.parent, out)
+    return out
 
 
 def export_job(store: ResultStore, job_id: int, path: str | Path, format: str = "farm") -> list[dict[str, Any]]:
@@ -102,17 +126,10 @@ def export_job(store: ResultStore, job_id: int, path: str | Path, format: str = 
 
 
 def write_json_atomic(path: str | Path, doc: Any) -> None:
-    """Write `doc` as JSON to `path` via a temporary file in the same folder."""
-    target = require_folder_of(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(doc, f, indent=2, sort_keys=True)
-            f.write("\n")
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write `doc` as JSON to `path`, whole or not at all (farm.core.files.replacing)."""
+    with replacing(path) as tmp, tmp.open("w") as f:
+        json.dump(doc, f, indent=2, sort_keys=True)
+        f.write("\n")
 
 
 def export_document(records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -166,6 +183,9 @@ def validate(doc: Any, source: str = "export", allow_stale: bool = False) -> dic
         raise FarmError(f"{source} has unknown format {brief(fmt)}; expected {FORMAT}")
     if not isinstance(doc.get("records"), list):
         raise FarmError(f"{source}: \"records\" must be a list")
+    if unknown := set(doc) - DOCUMENT_FIELDS:
+        raise FarmError(f"{source}: unknown top-level field(s) {brief(sorted(unknown))}; a {FORMAT} document "
+                        f"holds only {', '.join(sorted(DOCUMENT_FIELDS))}")
     first: dict[tuple[str, str, str], int] = {}
     for n, rec in enumerate(doc["records"]):
         task = _validate_record(rec, f"{source}, record {n}", allow_stale)
@@ -191,6 +211,9 @@ def _validate_record(rec: Any, where: str, allow_stale: bool) -> Task:
 
     if not isinstance(rec, dict):
         raise FarmError(f"{where}: a record must be a JSON object")
+    if unknown := set(rec) - RECORD_FIELDS:
+        raise FarmError(f"{where}: unknown field(s) {brief(sorted(unknown))}; a record holds "
+                        f"{', '.join(sorted(RECORD_FIELDS))}")
     for field, kind in _FIELDS.items():
         if not isinstance(rec.get(field), kind) or isinstance(rec.get(field), bool):
             raise FarmError(f"{where}: field {field!r} is missing or not a {getattr(kind, '__name__', 'number')}")
@@ -257,11 +280,8 @@ def write_metaschedule(records: list[dict[str, Any]], folder: str | Path) -> Pat
                             "MetaSchedule's replay of its trace on the workload would build another kernel: export "
                             "it with --format farm (the default) and build it with `farm build`")
 
-    out = Path(folder)
-    files = [out / "database_workload.json", out / "database_tuning_record.json"]
-    if any(f.exists() for f in files):
-        raise FarmError(f"{out} already holds a MetaSchedule database; choose an empty folder")
-    require_folder_of(out)
+    out = check_output(folder, "metaschedule")
+    files = [out / name for name in METASCHEDULE_FILES]
     # Build the database in a temporary folder, then move it into place: never half-written.
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:

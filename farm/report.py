@@ -35,7 +35,8 @@ import numpy as np
 import pandas as pd
 
 from db.store import ResultStore
-from farm.core.errors import FarmError, require_folder_of
+from farm.core.errors import FarmError
+from farm.core.files import replacing, writable_file
 from farm.progress import format_seconds
 
 
@@ -110,21 +111,21 @@ MAX_LINES = 8
 
 def plot_curves(curves: list[Curve], output: str | Path) -> Path:
     """Write `curves` (best latency against trials) to the PNG `output`, one panel per workload
-    (drawn by draw_panel); returns its path. FarmError if the folder of `output` does not exist."""
+    (drawn by draw_panel); returns its path. FarmError if `output` cannot be written (checked first;
+    the file is written whole or not at all)."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display: files only
     import matplotlib.pyplot as plt
 
-    path = require_folder_of(output)
+    path = writable_file(output)
     workloads = list(dict.fromkeys(c.workload for c in curves))
     fig, axes = plt.subplots(len(workloads), 1, figsize=(7, 3.2 * len(workloads)), squeeze=False)
     for ax, workload in zip(axes[:, 0], workloads, strict=True):
         draw_panel(ax, [c for c in curves if c.workload == workload])
         ax.set_title(textwrap.fill(workload, 80), fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(fig, path)
     return path
 
 
@@ -369,13 +370,13 @@ def worker_activity(store: ResultStore, jobs: list[dict[str, Any]], now: float |
 
 def plot_timeline(store: ResultStore, job_id: int, output: str | Path) -> Path:
     """Draw the job's timeline (see the module docstring) to the PNG `output`; returns its path.
-    FarmError for an unknown job, a missing folder, or a job with no timed trial yet."""
+    FarmError for an unknown job, an output that cannot be written, or a job with no timed trial yet."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    path = require_folder_of(output)
+    path = writable_file(output)
     job = _job(store, job_id)
     trials = store.trials(job_id=job_id)
     timelines = [(w, t) for w, t in zip(trials["worker"], trials["timeline"], strict=True) if t]
@@ -402,6 +403,16 @@ def plot_timeline(store: ResultStore, job_id: int, output: str | Path) -> Path:
     ax.set_xlabel("seconds since the job was claimed (light: measuring, dark: timed kernel runs, orange: compiling)")
     ax.set_title(textwrap.fill(f"job {job_id}: {use.summary()}", 130), fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(fig, path)
     return path
+
+
+def _save(fig: Any, path: Path) -> None:
+    """Write the figure to `path` whole (farm.core.files.replacing), in the format its suffix names."""
+    import matplotlib.pyplot as plt
+
+    try:
+        with replacing(path, suffix=path.suffix) as tmp:
+            fig.savefig(tmp, dpi=120)
+    finally:
+        plt.close(fig)

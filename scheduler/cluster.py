@@ -16,15 +16,25 @@ the one the farm starts is closed to everyone else:
   unless ``RAY_AUTH_TOKEN`` or ``RAY_AUTH_TOKEN_PATH`` gives one.
 
 A cluster the farm joins is configured by whoever started it: see docs/reliability.md.
+
+Stopping: SIGTERM and SIGINT stay the farm's (`stop_on_signals`), wherever Ray starts. `ray.init`
+replaces SIGTERM's Python handler with its own (`sys.exit`) in the main thread, and its core worker
+installs Abseil's failure-signal handler for SIGTERM in every thread: that one calls the previous
+handler, then aborts the process 3 s later, whatever the handler is doing (giving a job back). The
+driver's core worker is started without it; `init_ray` puts the Python handler back.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
+import signal
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from types import FrameType
 
 # Ray's switches, read from the environment by Ray itself (and by the processes it starts).
 AUTH_MODE_ENV = "RAY_AUTH_MODE"
@@ -42,6 +52,11 @@ def init_ray(address: str | None = None) -> bool:
     up to the cores; those actors measure llvm kernels on the CPU. A GPU machine whose GPUs
     CUDA_VISIBLE_DEVICES narrows gets those GPUs (Ray's own GPU ids are the visible ones).
     """
+    with _signals_kept():
+        return _init_ray(address)
+
+
+def _init_ray(address: str | None) -> bool:
     if address:
         import ray
 
@@ -87,12 +102,71 @@ def init_ray(address: str | None = None) -> bool:
     return True
 
 
+@contextmanager
+def _signals_kept() -> Iterator[None]:
+    """Ray starts in this block without taking SIGTERM from the farm (see the module docstring):
+    its driver's core worker without Abseil's failure-signal handler (Ray's own switch for it, read
+    from this constant when the driver connects; the processes Ray starts keep theirs), and, in the
+    main thread, SIGTERM's Python handler as it was."""
+    import ray._private.ray_constants as constants
+
+    constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = True
+    main = threading.current_thread() is threading.main_thread()
+    handler = signal.getsignal(signal.SIGTERM) if main else None
+    try:
+        yield
+    finally:
+        if handler is not None:
+            signal.signal(signal.SIGTERM, handler)
+
+
+def stop_on_signals(program: bool = False) -> bool:
+    """SIGTERM (docker stop, systemd, kill) raises KeyboardInterrupt in the main thread, as SIGINT
+    (Ctrl-C) does: the process stops as from Ctrl-C, giving its jobs back or cancelling them, and
+    closing what it started. Where SIGTERM already has a handler of the program's own (a program
+    that embeds the farm), that handler is kept. With `program` (the farm is the program: its CLI),
+    SIGINT is taken back too where it is ignored (a shell without job control starts background
+    commands so), so that SIGINT stops it however it was started. A no-op outside the main thread.
+    True when it installed the SIGTERM handler (`restore_sigterm` undoes it)."""
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    if program and signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None):
+        return False
+    signal.signal(signal.SIGTERM, _interrupt)
+    return True
+
+
+def restore_sigterm() -> None:
+    """Undo `stop_on_signals`'s SIGTERM handler (from the main thread; elsewhere a no-op)."""
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is _interrupt:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
 def stop_ray() -> None:
     """Stop the local Ray instance `init_ray` started. Call it from the thread that started it:
     there Ray's driver shuts down in a fraction of a second; from any other thread (Ray's own exit
-    hook in the main thread, when a client ran its jobs in a thread) it waits 5 s more (Ray 2.60)."""
+    hook in the main thread, when a client ran its jobs in a thread) it waits 5 s more (Ray 2.60).
+    Where some of the instance's processes have died already (they got the signal that stops this
+    process), the others are killed without a word to them."""
     import ray
+    from ray._private import worker
 
+    node = worker._global_node
+    if node is not None and not node.remaining_processes_alive():
+        # Part of the instance ended with this process's own signal (SIGTERM to its process group, as
+        # systemd sends it): ray.shutdown would wait 5-6 s on the dead GCS to disconnect the driver.
+        # The process is ending: the instance's other processes are killed, the driver left as it is
+        # (this process cannot start Ray again).
+        logging.getLogger("farm.scheduler").info("Ray's processes are ending with this one: killing the rest")
+        node.kill_all_processes(check_alive=False, allow_graceful=False)
+        atexit.unregister(worker.shutdown)  # which would wait on the GCS all the same
+        return
     ray.shutdown()
 
 

@@ -27,6 +27,8 @@ class BatchWorker(Protocol):
 
     def process(self, task: Task, indices: list[int], shard: int = 0, round_: int = 0) -> list[MeasureResult]: ...
 
+    def cancel(self) -> None: ...
+
     def close(self) -> None: ...
 
 
@@ -84,6 +86,10 @@ class LocalWorkerPool:
 
     def searches(self, search: str, task: Task, seed: int, measured: Iterable[int]) -> LocalSearches:
         return LocalSearches(search, task, seed, self.size, measured)
+
+    def cancel(self) -> None:
+        for w in self.workers:
+            w.cancel()
 
     def grow(self) -> int:
         """Never: this pool's workers are the ones it was given."""

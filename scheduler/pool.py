@@ -19,7 +19,7 @@ from farm.core.task import Task
 from scheduler.shards import ShardSearches
 
 # The most candidates in flight per worker, in batches (of the job's batch_size); a worker whose
-# builds keep up with its device has fewer (`Lead`).
+# builds keep up with its device has fewer (`Lead`; docs/defaults.md#queue-depth).
 QUEUE_DEPTH = 2
 # Calls a worker runs at once: the tuning loop hands out work in chunks of a few candidates
 # (scheduler.tuner.CHUNK), so a worker with QUEUE_DEPTH batches in flight has many calls open.
@@ -39,13 +39,8 @@ class Lead:
     the lead is the cap (`most`); it is never under two chunks (or `most`).
 
     Why: a proposal's model is as old as the candidates in flight ahead of it (plus part of a
-    round), and the model-guided search is as good as its model's age allows: in a replay of
-    measured H200 runs, a lag of 36 trials took resnet-last-conv's median trials to the measured
-    top 3% from 34 (no lag) to 70, and a lag of 16 to 50
-    (docs/benchmarks/data/kernels-2026-11-26h/search-study/REPORT.md). A fixed two batches (32) in
-    flight kept that lag where the device, not the builds, set the pace: on an H100 host with 16
-    build slots, builds took 1.5 to 1.8 s on average against about 0.25 s a candidate on the
-    device (docs/benchmarks/e2e-throughput-2026-11-26f.md), a lead of about 15 by this rule.
+    round), and the model-guided search is as good as its model's age allows; a fixed two batches
+    in flight kept that lag where the device, not the builds, set the pace (docs/defaults.md#lead).
     """
 
     def __init__(self, chunk: int, most: int, window: int = 32) -> None:
@@ -72,7 +67,11 @@ class WorkerPool(Protocol):
 
     Contract: `submit` returns a future of one MeasureResult per index, in order; a worker
     that fails as a whole (its process died) fails the future, and the pool starts a new worker
-    in its place for later calls (the loop measures the configs again). A worker runs up to
+    in its place for later calls (the loop measures the configs again). `cancel` stops the calls in
+    flight (a job cancelled or interrupted): each of their futures resolves as soon as the
+    candidate being measured is, to the results measured so far (fewer than its indices), and
+    their candidates not yet built are dropped; it returns once every worker is told, so calls
+    submitted after it run in full. A worker runs up to
     MAX_CALLS calls at once. `searches` gives one search per worker's shard, none proposing
     `measured`. `grow` adds workers on devices that joined since (a GPU node joining the
     cluster mid-job); workers are only ever added, at the end of the worker order. `ready` says
@@ -89,6 +88,8 @@ class WorkerPool(Protocol):
 
     def submit(self, worker: int, task: Task, indices: list[int], shard: int,
                round_: int) -> cf.Future[list[MeasureResult]]: ...
+
+    def cancel(self) -> None: ...
 
     def searches(self, search: str, task: Task, seed: int, measured: Iterable[int]) -> ShardSearches: ...
 

@@ -37,6 +37,9 @@ from workers.actor import WorkerActor
 
 log = logging.getLogger("farm.scheduler")
 
+# How long `RayWorkerPool.cancel` waits for the actors to hear it.
+CANCEL_SECONDS = 2.0
+
 
 class RayWorkerPool:
     """`count` device actors (or one actor per entry of `rpc_keys`) measuring `kind` kernels.
@@ -114,6 +117,17 @@ class RayWorkerPool:
             self.actors[worker] = new = self._new_actor(worker)
             self._down.add(worker)
         new.info.remote().future().add_done_callback(lambda f: self._set_info(worker, f))
+
+    def cancel(self) -> None:
+        """Tell every worker actor to stop its calls in flight; waited for (briefly), so that calls
+        made after this return are not stopped. An actor that is dead or does not answer within
+        CANCEL_SECONDS (its node gone, Ray stopping) has no call left to stop, or none that returns."""
+        import ray
+
+        try:
+            ray.get([a.cancel.remote() for a in self.actors], timeout=CANCEL_SECONDS)
+        except Exception as e:
+            log.warning("stopping the worker actors' calls: %s", one_line(e))
 
     def grow(self) -> int:
         """Start a worker actor for every GPU of the nodes that joined since the last call, and add

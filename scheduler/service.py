@@ -38,6 +38,7 @@ from db.store import ResultStore
 from farm.core import metrics
 from farm.core.backoff import Backoff
 from farm.core.errors import FarmError, one_line
+from farm.core.files import writable_folder
 from scheduler.cluster import init_ray, stop_ray
 from scheduler.pool import PoolFactory, WorkerPool
 from scheduler.ray_pool import RayWorkerPool
@@ -97,7 +98,9 @@ class Scheduler:
         self.pool_factory = pool_factory or self._ray_pool
         self.give_back_on_interrupt = give_back_on_interrupt
         self.id = f"scheduler@{socket.gethostname()}:{os.getpid()}:{id(self):x}"
-        self.ray_address, self.build_workers, self.log_dir = ray_address, build_workers, log_dir
+        # A log folder that cannot be written is the caller's error, before anything starts.
+        self.log_dir = writable_folder(log_dir) if log_dir is not None else None
+        self.ray_address, self.build_workers = ray_address, build_workers
         self.heartbeat_seconds, self.stale_seconds = heartbeat_seconds, stale_seconds
         self._tracker: LocalTracker | None = None
         self._started_ray = False  # a local Ray instance this scheduler started, stopped by close()
@@ -443,9 +446,9 @@ class Scheduler:
                 log.info("running job %d", job_id)
                 running[job_id] = self._start_job(job_id)
         finally:
-            # Stopped, interrupted or failed: the jobs stop within a chunk and are recorded.
+            # Stopped, interrupted or failed: the jobs stop within a candidate and are recorded.
             if running:
-                self._interrupted.set()
+                self.interrupt()
                 for thread in running.values():
                     thread.join(120)
                 self._interrupted.clear()
@@ -485,8 +488,14 @@ class Scheduler:
         return self.store.claim_job(self.id)
 
     def stop(self) -> None:
-        """End `serve`: its running jobs stop within a chunk and are recorded (see `serve`)."""
+        """End `serve`: its running jobs stop within a candidate and are recorded (see `serve`)."""
         self._stop.set()
+
+    def interrupt(self) -> None:
+        """Stop every job this scheduler runs, and any it starts from now on: each stops within a
+        candidate (scheduler.tuner) and is recorded, queued again with `give_back_on_interrupt`,
+        else cancelled ("interrupted")."""
+        self._interrupted.set()
 
     def close(self) -> None:
         """Stop the pools, the tracker and the local Ray instance this scheduler started; a last

@@ -32,18 +32,19 @@ model. Where its family has none yet, the loop hands out one round of such confi
 for that round's retraining before it proposes more (and one more round if the retraining had
 too little to learn from), so that the configs after the first round are the model's. Without
 the wait, the devices' queues were refilled with random configs while the first model trained,
-and a 171-trial run's first guided trial came after its 34th to 54th (H200,
-docs/benchmarks/kernels-2026-11-26h.md): the devices now wait once per task for the first
-guided builds instead. XGBoost is imported, and the task's features prepared, ahead of that
+and a run's first guided trial came late (docs/defaults.md#first-model-wait): the devices now wait
+once per task for the first guided builds instead. XGBoost is imported, and the task's features prepared, ahead of that
 first retraining (farm.core.costmodel.warm_up).
 
 The loop stops at each task's budget exactly, when the space is exhausted, or when the job is
-cancelled (the chunks in flight then finish and are kept). A job's budget is spread over its
+cancelled or must stop (its scheduler interrupted): then nothing more is handed out, and the pool
+stops the chunks in flight (`WorkerPool.cancel`): the candidates being measured finish and are
+kept, those not yet measured are dropped, so the devices are free within a candidate. A job's budget is spread over its
 tasks when the job is created (farm.core.jobspec.JobRequest).
 
 The end game: once a task's whole budget is handed out, a worker with nothing left in flight
-would wait for the others' last chunks, the task held by the slowest of their builds (one 18 s
-build kept a 2-GPU job's second GPU idle for 8 s, docs/benchmarks/e2e-throughput-2026-11-26f.md).
+would wait for the others' last chunks, the task held by the slowest of their builds, its device
+idle (docs/defaults.md#end-game-grace).
 Once such a worker has been idle END_GAME_GRACE seconds, it gets new configs instead, as many as
 the budget still lacks (at most what it may have in flight). The first results to arrive
 complete the budget; the task then ends without waiting for the chunks still out, whose results
@@ -77,16 +78,21 @@ from scheduler.shards import Proposal, ShardSearches
 log = logging.getLogger("farm.scheduler")
 
 # Candidates per call to a worker: results come back a few at a time (progress moves per few
-# trials; a slow compile delays only its chunk's results), and a call costs about a millisecond.
+# trials; a slow compile delays only its chunk's results), and a call costs about a millisecond
+# (docs/defaults.md#chunk).
 CHUNK = 4
 # A config whose worker died under it this many times is recorded as failed (a candidate that
 # kills its worker every time is data too).
 MAX_ATTEMPTS = 3
-# How often the loop asks the store whether the job was cancelled.
-CANCEL_POLL_SECONDS = 1.0
+# How often the loop asks whether the job was cancelled (the store) or must stop (`should_stop`).
+CANCEL_POLL_SECONDS = 0.5
+# How long a stopped task waits for its chunks in flight, which the pool has stopped: each comes
+# back once the candidate it is measuring is measured (a hung one, after its time limit).
+STOP_GRACE_SECONDS = 3.0
 # Seconds a worker idles at a task's end before it stands in for the others' last chunks (the end
 # game, module docstring): the last chunks of workers going at the same pace come back within a
-# second or two of each other, and those are waited for rather than measured twice.
+# second or two of each other, and those are waited for rather than measured twice
+# (docs/defaults.md#end-game-grace).
 END_GAME_GRACE = 3.0
 
 
@@ -117,8 +123,9 @@ def run_job(
 ) -> str:
     """Run every task of the job to its budget on `pool`; returns the final status ("done" or
     "cancelled"). Results are written through one batched writer of `store`. The job stops as
-    if cancelled (the chunks in flight finish and are kept) when the store says it was
-    cancelled or `should_stop()` is true, both asked about once a second."""
+    if cancelled when the store says it was cancelled or `should_stop()` is true, both asked
+    about every CANCEL_POLL_SECONDS: nothing more is handed out, the pool stops the work in flight
+    (`WorkerPool.cancel`), and what was measured by then is kept."""
     tasks = store.tasks(job_id)
     for row in tasks:
         metrics.set_task_progress(job_id, row["id"], store.trial_count(row["id"]), row["budget"])
@@ -201,9 +208,8 @@ class _TaskLoop:
         self.idle_since: list[float | None] = [None] * pool.size  # since when it had nothing in flight
         # A worker's first batch of a task goes out one candidate per call, so the first result is
         # stored as soon as any one of them has compiled, not the slowest of a chunk: the first,
-        # unguided configs of resnet-last-conv took 1 to 13 s each to compile on the GPU hosts,
-        # and a batch (16) compiles at once on their 16 build slots. (Four singles gave the
-        # first trial 14.8-16.6 s after `farm tune` started on an H100 host, 2026-11-25.)
+        # unguided configs take very different times to compile, and a batch (16) compiles at once
+        # on a GPU host's 16 build slots (docs/defaults.md#chunk).
         self.singles = [batch_size] * pool.size  # single-candidate chunks still to hand each worker
         self.proposals: dict[cf.Future[Proposal], tuple[int, int]] = {}  # -> (worker, n)
         self.running: dict[cf.Future[list[MeasureResult]], _Chunk] = {}
@@ -219,6 +225,7 @@ class _TaskLoop:
         self.exhausted = False
         self.no_worker_since: float | None = None  # since when no worker could take work
         self.cancelled = self._stopped()
+        self.stop_by = time.monotonic()  # once cancelled: how long its chunks in flight are waited for
         self._trainer = cf.ThreadPoolExecutor(1, thread_name_prefix="farm-retrain")
         # Unguided configs still to hand out before the wait for a model (module docstring); None:
         # no wait (a search that needs no model, or a model there already).
@@ -233,6 +240,8 @@ class _TaskLoop:
         try:
             last_event = time.monotonic()  # the stall watchdog's clock
             while True:
+                if self.cancelled and (not self.running or time.monotonic() >= self.stop_by):
+                    break  # the chunks still out are left: the pool stopped them, nothing waits for them
                 self._fill()
                 if self._complete() or (not self.proposals and not self.running):
                     if not (self._complete() or self.cancelled or self.unguided_left == 0
@@ -249,10 +258,16 @@ class _TaskLoop:
                 self.no_worker_since = None
                 waiting: list[cf.Future[Any]] = [*self.proposals, *self.running]
                 waiting += [f for f in (self.retraining, self.refreshing) if f is not None]
-                # Waking for the end game too, when a worker's grace ends before anything finishes.
-                wake = self._end_game_wake()
-                finished, _ = cf.wait(waiting, timeout=stall_seconds if wake is None else min(wake, stall_seconds),
-                                      return_when=cf.FIRST_COMPLETED)
+                # Waking to ask whether to stop, and for the end game, when a worker's grace ends.
+                next_poll = max(0.0, polled + CANCEL_POLL_SECONDS - time.monotonic())
+                end_game = self._end_game_wake()
+                wake = next_poll if end_game is None else min(next_poll, end_game)
+                finished, _ = cf.wait(waiting, timeout=wake, return_when=cf.FIRST_COMPLETED)
+                if time.monotonic() - polled >= CANCEL_POLL_SECONDS:
+                    polled = time.monotonic()
+                    self._poll_stop()
+                    if not self.cancelled:  # stopping: Ray itself may be going (a signal to the process group)
+                        self._grow()
                 if not finished:
                     if time.monotonic() - last_event >= stall_seconds:
                         # The watchdog: say so and keep waiting (a hang ends as a timeout result).
@@ -268,25 +283,33 @@ class _TaskLoop:
                         self._refreshed()
                     elif future in self.proposals:
                         self._proposed(future)
-                    else:
+                    elif future in self.running:  # not one the stop dropped meanwhile
                         self._measured(future)
-                if time.monotonic() - polled >= CANCEL_POLL_SECONDS:
-                    polled = time.monotonic()
-                    self.cancelled = self.cancelled or self._stopped()
-                    self._grow()
                 if len(self.round_results) >= self.round_size:
                     self._close_round()
                 elif self._refresh_due():
                     self._refresh()
                 self._queue_metrics()
         finally:
-            self._trainer.shutdown(wait=True)
+            # A stopped task does not wait for a retraining under way: its model is saved all the same.
+            self._trainer.shutdown(wait=not self.cancelled, cancel_futures=True)
         if self.refresh:
             log.info("task %s: cost model refreshed %d times between rounds", self.task_id, self.refreshes)
         return "cancelled" if self.cancelled else "done"
 
     def _stopped(self) -> bool:
         return self.should_stop() or self.store.job_status(self.job_id) == "cancelled"
+
+    def _poll_stop(self) -> None:
+        """If the job must stop now (cancelled, or `should_stop`): hand out nothing more, drop the
+        proposals under way, stop the pool's work in flight, and wait for it STOP_GRACE_SECONDS at most."""
+        if self.cancelled or not self._stopped():
+            return
+        self.cancelled = True
+        self.proposals.clear()
+        self.pool.cancel()
+        self.stop_by = time.monotonic() + STOP_GRACE_SECONDS
+        log.info("task %s: stopping (cancelled or interrupted); %d chunks in flight", self.task_id, len(self.running))
 
     # --- handing out work ---------------------------------------------------------------
 
@@ -382,7 +405,7 @@ class _TaskLoop:
             raise FarmError(f"no worker could measure for {stall_seconds:.0f} s: every device of the job left "
                             "the cluster; the trials measured are kept (submit the job again to finish it)")
         time.sleep(CANCEL_POLL_SECONDS)
-        self.cancelled = self.cancelled or self._stopped()
+        self._poll_stop()
         self._grow()
 
     def _grow(self) -> None:

@@ -125,6 +125,11 @@ BAD_SPECS = [
     (dict(workloads=[("matmul", {"M": 2**20, "N": 2**20, "K": 4})]), "elements"),
     (dict(workloads=[("matmul", {"M": 4, "N": 4, "K": 4, "dtype": "int8"})]), "not one of"),
     (dict(workloads=[("matmul", [1, 2])]), "a workload is a name"),
+    # int() takes these; they would store a value the user did not write
+    (dict(workloads=[("matmul", {"M": "1_6", "N": 4, "K": 4})]), "with the digits 0-9, got '1_6'"),
+    (dict(workloads=[("matmul", {"M": "١٦", "N": 4, "K": 4})]), "with the digits 0-9"),
+    (dict(workloads=[("matmul", {"M": " 8", "N": 4, "K": 4})]), "with the digits 0-9"),
+    (dict(workloads=[("matmul", {"M": "+8", "N": 4, "K": 4})]), "with the digits 0-9"),
     (dict(target={"kind": "cuda", "arch": "sm_999"}), "not one the farm compiles for"),
     (dict(target='{"kind": "llvm", "num-cores": -4}'), "num-cores=-4 must be an integer in [1, 1024]"),
     (dict(target={"kind": "cuda", "max_threads_per_block": 10**9}), "max_threads_per_block"),
@@ -196,6 +201,26 @@ def test_cli_submit_refuses_with_one_line_exit_2_and_writes_nothing(db_url: str,
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], proc.stderr
+    assert _rows(db_url) == before
+
+
+@pytest.mark.parametrize(("words", "message"), [
+    (["M=1", "M=2"], "parameter 'M' is given twice (M=1 and M=2): give it once"),
+    (["M= 8"], "holds whitespace"),
+    (["M =8"], "holds whitespace"),
+    (["M=1_6"], "with the digits 0-9, got '1_6'"),
+    (["M=١٦"], "with the digits 0-9"),
+    (["M=0x10"], "with the digits 0-9"),
+])
+def test_cli_refuses_malformed_parameters_in_one_line(db_url: str, tmp_path: Path, words: list[str],
+                                                      message: str) -> None:
+    """`M=1 M=2` was stored as M=2, and `M= 8`, `M=1_6`, `M=١٦` as 8 and 16, without a word."""
+    before = _rows(db_url)
+    for command in ("submit", "tune"):
+        others = [w for w in ("N=16", "K=16") if w[0] not in {x[0] for x in words}]
+        proc = farm(command, "matmul", *words, *others, "--db", db_url, cwd=tmp_path)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1 and message in lines[0], (command, proc.stderr)
     assert _rows(db_url) == before
 
 
@@ -316,6 +341,23 @@ def test_export_with_two_records_for_one_key_is_refused_naming_it(export_doc: di
         validate(doc)
     second["device"] = "NVIDIA H100"
     validate(doc)  # another device: another key
+
+
+@pytest.mark.parametrize(("where", "message"), [
+    ("record", "record 0: unknown field(s) ['configs']; a record holds config, device"),
+    ("document", "unknown top-level field(s) ['note']; a farm.best/1 document holds only format, records"),
+])
+def test_export_with_an_unknown_field_is_refused_naming_it(export_doc: dict[str, Any], where: str,
+                                                          message: str) -> None:
+    """An extra field (a typo of one, or a newer farm's) was applied without a word."""
+    doc = copy.deepcopy(export_doc)
+    if where == "record":
+        doc["records"][0]["configs"] = doc["records"][0]["config"]
+    else:
+        doc["note"] = "tuned on Tuesday"
+    with pytest.raises(FarmError) as error:
+        validate(doc, "best.json")
+    assert message in str(error.value), str(error.value)
 
 
 @pytest.mark.parametrize("latency", [10**400, -1, 0, 1e300, True, "12"])
@@ -462,3 +504,51 @@ def test_unreachable_or_wrong_database_urls_are_one_line(tmp_path: Path, url: st
     proc = farm("submit", "matmul", "M=4", "N=4", "K=4", "--db", url, cwd=tmp_path)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
+
+
+# Output paths ------------------------------------------------------------------------------------
+
+# Where nothing can be written, though root passes every permission check there.
+UNWRITABLE = "/proc/farm-forbidden"
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["tune", "matmul", "M=16", "N=16", "K=16", "--log-dir", UNWRITABLE], f"cannot make folder {UNWRITABLE}"),
+    (["tune", "matmul", "M=16", "N=16", "K=16", "--export", f"{UNWRITABLE}.json"], f"cannot write {UNWRITABLE}.json"),
+    (["tune", "matmul", "M=16", "N=16", "K=16", "--export", "."], "it is a folder"),
+    (["export", "1", "-o", f"{UNWRITABLE}.json"], f"cannot write {UNWRITABLE}.json"),
+    (["export", "1", "-o", f"{UNWRITABLE}/msdb", "--format", "metaschedule"], "does not exist"),
+    (["export", "1", "-o", "/proc/msdb", "--format", "metaschedule"], "cannot write /proc/msdb"),
+    (["build", "matmul", "M=16", "N=16", "K=16", "-o", "/proc/k.so"], "cannot write /proc/k.so"),
+    (["report", "1", "-o", "/proc/curve.png"], "cannot write /proc/curve.png"),
+    (["predict", "matmul", "M=16", "N=16", "K=16", "--measure", "--log-dir", UNWRITABLE], "cannot make folder"),
+    (["scheduler", "--once", "--log-dir", UNWRITABLE], "cannot make folder"),
+])
+def test_an_output_that_cannot_be_written_is_one_line_and_writes_nothing(db_url: str, tmp_path: Path,
+                                                                         args: list[str], message: str) -> None:
+    """Every output path is checked before anything is submitted or written: `--log-dir
+    /proc/...` was a 75-line FileNotFoundError with the job left queued; `export -o` and `build -o`
+    were tracebacks."""
+    before = _rows(db_url)
+    uses_db = args[0] != "build"
+    proc = farm(*args, *(["--db", db_url] if uses_db else []), cwd=tmp_path)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and message in lines[0], proc.stderr[-3000:]
+    assert _rows(db_url) == before
+    assert not [p for p in tmp_path.iterdir() if p.name != "farm.db"]
+
+
+def test_a_file_whose_writing_fails_is_not_left_half_written(tmp_path: Path) -> None:
+    """A write that fails midway (here the JSON encoder, after part of the document) leaves no
+    file, nor a temporary one; one that existed keeps its content."""
+    from farm.export import write_json_atomic
+
+    bad = {"records": [{"latency_us": 1.0}] * 1000, "z": object()}  # sort_keys: "z" is written last
+    with pytest.raises(TypeError):
+        write_json_atomic(tmp_path / "best.json", bad)
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "best.json").write_text('{"format": "farm.best/1", "records": []}\n')
+    with pytest.raises(TypeError):
+        write_json_atomic(tmp_path / "best.json", bad)
+    assert [p.name for p in tmp_path.iterdir()] == ["best.json"]
+    assert json.loads((tmp_path / "best.json").read_text()) == {"format": "farm.best/1", "records": []}

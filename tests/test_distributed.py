@@ -339,35 +339,6 @@ def test_two_schedulers_never_run_the_same_job(pg_url: str, tmp_path: Path) -> N
     assert len(set(claimed.values())) >= 1
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
-def test_a_stopped_scheduler_gives_its_job_back(pg_url: str, tmp_path: Path, signum: signal.Signals) -> None:
-    """SIGTERM (docker stop, systemd) and SIGINT (Ctrl-C) queue the running job again within
-    seconds, its trials kept; another scheduler then finishes it: the budget exact, nothing twice."""
-    store = open_store(pg_url)
-    job_id = store.submit(JobRequest.build(SMALL, "llvm", 40, batch_size=2, search="random"))
-    proc = _scheduler_process(pg_url, tmp_path / "first.log")
-    try:
-        deadline = time.monotonic() + 180
-        while store.job(job_id)["trials"] < 4:
-            assert time.monotonic() < deadline and proc.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
-            time.sleep(0.2)
-        stopped = time.monotonic()
-        proc.send_signal(signum)
-        proc.wait(60)
-    finally:
-        stop(proc)
-    assert time.monotonic() - stopped < 30
-    job = store.job(job_id)
-    assert job["status"] == "queued" and job["claimed_by"] is None and 4 <= job["trials"] < 40, job
-    second = _scheduler_process(pg_url, tmp_path / "second.log", "--once")
-    try:
-        second.wait(600)
-    finally:
-        stop(second)
-    trials = store.trials(job_id=job_id)
-    assert store.job_status(job_id) == "done" and len(trials) == 40 and trials["config_index"].is_unique
-
-
 def test_client_against_a_scheduler_process(pg_url: str, tmp_path: Path) -> None:
     proc = _scheduler_process(pg_url, tmp_path / "scheduler.log")
     try:
@@ -489,6 +460,9 @@ class _Delayed:
         self.returned += 1
         return results
 
+    def cancel(self) -> None:
+        self.worker.cancel()
+
     def close(self) -> None:
         self.worker.close()
 
@@ -602,6 +576,9 @@ class _Counting:
             with self.lock:
                 self.out -= len(indices)
                 self.returned += len(indices)
+
+    def cancel(self) -> None:
+        self.worker.cancel()
 
     def close(self) -> None:
         self.worker.close()

@@ -43,9 +43,13 @@ def test_bad_parameters_are_one_clear_error(name: str, params: dict, message: st
 
 
 def test_parse_assignments() -> None:
-    assert parse_assignments(["CI=256", " pad = 1"]) == {"CI": "256", "pad": "1"}
+    assert parse_assignments(["CI=256", "pad=1"]) == {"CI": "256", "pad": "1"}
     with pytest.raises(FarmError, match="key=value"):
         parse_assignments(["CI256"])
+    with pytest.raises(FarmError, match="whitespace"):  # was taken as pad=1
+        parse_assignments([" pad = 1"])
+    with pytest.raises(FarmError, match="given twice"):  # was taken as CI=128
+        parse_assignments(["CI=256", "CI=128"])
 
 
 def _direct_conv(x: np.ndarray, w: np.ndarray, stride: int, pad: int, dil: int, groups: int = 1) -> np.ndarray:

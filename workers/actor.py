@@ -64,6 +64,10 @@ class WorkerActor:
         task = Task.from_json(json.loads(task_json))
         return [r.to_json() for r in self.device.worker.process(task, indices, shard, round_)]
 
+    def cancel(self) -> None:
+        """Stop the calls in flight (workers.worker.Worker.cancel); returns once they are told."""
+        self.device.cancel()
+
     def close(self) -> None:
         metrics.set_worker_up(self.device.name, self.device.key, False)
         self.device.close()
@@ -89,9 +93,9 @@ def _import_tvm_in_background() -> None:
     """Import TVM as the farm's processes do (farm.core.tvm_import: without torch) in a thread of
     its own, and return once that import has begun: any later `import tvm` in this process, in any
     thread, then waits for it rather than importing TVM as it comes. Without this, the device's
-    registration thread imported TVM first, and with torch where torch is installed (4 s more of
-    the 6 s on the GPU hosts), before the first session could open: it opened 5-8 s after the
-    server was up (2026-11-25), most of it that import as far as the logs tell.
+    registration thread imported TVM first, and with torch where torch is installed (most of the
+    import's time), before the first session could open, which waited seconds for it
+    (docs/defaults.md#start-up).
     In the background, because nothing of the device's start needs TVM in this process: its
     tracker, server and build processes are processes of their own. The other threads import TVM
     by its package first (`import tvm`, `from tvm import rpc`), which waits for a package being

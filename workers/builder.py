@@ -357,7 +357,8 @@ class Builder(Protocol):
     Contract: `submit(task, indices)` returns at once one future per index, in order, each
     resolving to that candidate's BuildResult as soon as it is built (in any order), never to an
     exception for a candidate's failure (compile error, invalid config, timeout, crash: each is
-    a BuildResult with its status). `build` waits for them all. Candidates are built in the
+    a BuildResult with its status); a future cancelled before its build starts is never built.
+    `build` waits for them all. Candidates are built in the
     order they were submitted, `workers` at a time. Thread-safe; `close()` releases its
     processes and artifacts.
     """
@@ -417,10 +418,8 @@ def _signal_group(group: int, sig: signal.Signals) -> bool:
 # A task's stragglers: once STRAGGLER_SAMPLES of its candidates have built, one that takes more
 # than STRAGGLER_FACTOR times their median (and more than the builder's floor: 30 s, MetaSchedule's
 # own build timeout, so that a build slowed by a busy machine is not taken for a slow config) is
-# stopped. On an H200, 300 random resnet-last-conv configs built in 1.8 s (median), 12.9 s (p95),
-# 47 s (max); the 2 that took over 30 s ran as the 187th and 210th fastest of the 298 that ran,
-# and the 10 fastest all built within 12 s. One 40 s build held the end of a 100-trial H100 job
-# for 20 s with the GPU idle (docs/benchmarks/e2e-throughput-2026-11-25.md).
+# stopped: the slowest builds were of no fast config, and one held a job's end with its GPU idle
+# (docs/defaults.md#straggler-deadline).
 STRAGGLER_SAMPLES = 16
 STRAGGLER_FACTOR = 10.0
 STRAGGLER_WINDOW = 256  # the task's latest builds that the median is taken over
@@ -509,6 +508,8 @@ class ProcessPoolBuilder:
         except Exception as e:  # met again, and recorded, with the slot's first candidate
             log.warning("build slot %d did not start: %s", slot, one_line(e))
         while (request := self._queue.get()) is not None:
+            if not request.future.set_running_or_notify_cancel():
+                continue  # its call was stopped (Worker.cancel): never built
             try:
                 if warming or not proc.is_alive():
                     proc, conn = self._ready(slot, proc, conn)

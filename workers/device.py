@@ -53,10 +53,9 @@ def free_port(host: str = "127.0.0.1") -> int:
     Picked at random below the kernel's ephemeral range where it can be, not by binding port 0:
     a port from bind(0) is ephemeral, and in the seconds before the process it is meant for binds
     it (a tracker imports TVM first) the kernel may hand it to any process that binds port 0 or
-    connects, as Ray's components do by the dozen as they start. Four `farm tune` processes
-    started at once on one GPU host lost one job so: its tracker ended with status 1 at every
-    restart for 70 s and no trial was measured (docs/benchmarks/kernels-2026-11-27e.md). Where
-    there is no room below the ephemeral range, an ephemeral port as before.
+    connects, as Ray's components do by the dozen as they start. `farm tune` processes started at
+    once on one GPU host lost a job so (docs/defaults.md#free-port). Where there is no room below
+    the ephemeral range, an ephemeral port as before.
     """
     try:
         ephemeral = int(_EPHEMERAL_RANGE.read_text().split()[0])
@@ -429,8 +428,8 @@ class LocalDevice:
         try:
             wait_for_keys(self.tracker_address, [self.key], self.register_timeout,  # type: ignore[arg-type]
                           [self.server.proc] if self.server else [])
-            # The first session opens after this: on the GPU hosts it opened 5-8 s after the server
-            # said it was serving (2026-11-25), and the first candidates may wait for it.
+            # The first session opens after this, seconds after the server said it was serving, and
+            # the first candidates may wait for it (docs/defaults.md#start-up).
             log.info("%s: the server under %s registered %.1f s after the device started", self.name, self.key,
                      time.monotonic() - started)
             if self.server is not None:  # registered once: from now on a server that ends is started again
@@ -448,6 +447,10 @@ class LocalDevice:
     def process(self, task: Task, indices: list[int], shard: int = 0, round_: int = 0) -> list[MeasureResult]:
         """`Worker.process` on this device."""
         return self.worker.process(task, indices, shard, round_)
+
+    def cancel(self) -> None:
+        """`Worker.cancel` on this device: its calls in flight stop."""
+        self.worker.cancel()
 
     def close(self) -> None:
         if self._worker is not None:

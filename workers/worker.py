@@ -25,11 +25,13 @@ from dataclasses import dataclass
 from farm.core import metrics
 from farm.core.measure import MeasureResult
 from farm.core.task import Task
-from workers.builder import Builder, ProcessPoolBuilder
+from workers.builder import Builder, BuildResult, ProcessPoolBuilder
 from workers.runner import EvaluatorConfig, RPCRunner, Runner
 
 # A candidate's build (schedule, compile, nvcc) taking longer than this is recorded as a timeout.
 BUILD_TIMEOUT_S = 60.0
+# How soon a call waiting for its candidates' builds notices `Worker.cancel`.
+STOP_POLL_SECONDS = 0.1
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,7 @@ class Worker:
         self.quiet_builds = quiet_builds
         self.busy_seconds = 0.0  # time spent measuring (device busy), for utilisation metrics
         self._device = threading.Lock()
+        self._generation = 0  # `cancel` counts up: a call stops once it differs from its start's
         self._preparing = cf.ThreadPoolExecutor(1, thread_name_prefix="farm-prepare")
 
     @classmethod
@@ -77,7 +80,9 @@ class Worker:
 
     def process(self, task: Task, indices: list[int], shard: int = 0, round_: int = 0) -> list[MeasureResult]:
         """Build and measure `indices`; one result per index, in order. Each candidate is measured
-        as soon as it is built, while the others still compile."""
+        as soon as it is built, while the others still compile. A call that `cancel` stops returns
+        the results of the candidates it measured before, fewer than `indices`."""
+        generation = self._generation
         builds = self.builder.submit(task, indices)
         metrics.add_build_backlog(self.name, len(builds))
         for f in builds:
@@ -86,18 +91,37 @@ class Worker:
         prepared = self._preparing.submit(self.runner.prepare, task)
         position = {id(f): i for i, f in enumerate(builds)}
         results: list[MeasureResult | None] = [None] * len(indices)
-        for done in cf.as_completed(builds):
-            build = done.result()
-            prepared.result()
-            if self.ready is not None:
-                self.ready.result()
-            with self._device, self.builder.paused() if self.quiet_builds else contextlib.nullcontext():
-                start = time.perf_counter()
-                (measured,) = self.runner.measure(task, [build])
-                self.busy_seconds += time.perf_counter() - start
-            measured.worker, measured.shard, measured.round = self.name, shard, round_
-            results[position[id(done)]] = measured
+        built: list[cf.Future[BuildResult]] = []  # built, not yet measured
+        pending = set(builds)
+        try:
+            while (pending or built) and self._generation == generation:
+                if not built:
+                    done, pending = cf.wait(pending, timeout=STOP_POLL_SECONDS, return_when=cf.FIRST_COMPLETED)
+                    built += done
+                    continue
+                done = built.pop(0)
+                build = done.result()
+                prepared.result()
+                if self.ready is not None:
+                    self.ready.result()
+                with self._device, self.builder.paused() if self.quiet_builds else contextlib.nullcontext():
+                    if self._generation != generation:  # cancelled while it waited for the device
+                        break
+                    start = time.perf_counter()
+                    (measured,) = self.runner.measure(task, [build])
+                    self.busy_seconds += time.perf_counter() - start
+                measured.worker, measured.shard, measured.round = self.name, shard, round_
+                results[position[id(done)]] = measured
+        finally:
+            for f in builds:  # a stopped call's candidates still queued are never built
+                f.cancel()
         return [r for r in results if r is not None]
+
+    def cancel(self) -> None:
+        """Stop every call in flight: each returns as soon as the candidate it is measuring (if any)
+        is measured, with the results measured so far; its candidates not yet built are dropped
+        (those compiling finish, unused). Calls made after this one are not affected."""
+        self._generation += 1  # one writer at a time: the pool's cancel, one call per worker
 
     def close(self) -> None:
         self._preparing.shutdown(wait=False, cancel_futures=True)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 
 class FarmError(Exception):
     """A user error: bad workload, parameter, target, URL or file.
@@ -17,15 +15,6 @@ def one_line(e: BaseException) -> str:
     that says what went wrong, so the last non-empty line is kept."""
     lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
     return f"{type(e).__name__}: {lines[-1] if lines else ''}"[:500]
-
-
-def require_folder_of(path: str | Path) -> Path:
-    """`path` as a Path if the folder it would be written in exists; FarmError otherwise (checked
-    before anything is written, so a bad output path leaves nothing behind)."""
-    target = Path(path)
-    if not target.parent.is_dir():  # Path("x").parent is Path("."), which exists
-        raise FarmError(f"cannot write {target}: folder {target.parent} does not exist")
-    return target
 
 
 def brief(value: object, limit: int = 60) -> str:

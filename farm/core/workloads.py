@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +39,8 @@ MAX_EXTENT = 2**20
 # Every tensor (inputs and output) has at most MAX_TENSOR_ELEMENTS elements: TVM indexes buffers
 # with int32 unless told otherwise, and the farm allocates each tensor on the device to measure.
 MAX_TENSOR_ELEMENTS = 2**31 - 1
+# An integer parameter as the command line gives it (a sign for the bounds' own message).
+_INTEGER = re.compile(r"-?[0-9]+")
 
 
 @dataclass(frozen=True)
@@ -61,9 +64,14 @@ class Param:
         if isinstance(raw, int) and not isinstance(raw, bool):
             value = raw
         elif isinstance(raw, str):  # from the command line
+            # Digits 0-9 only: Python's int() also takes spaces, underscores (1_6) and other scripts'
+            # digits (١٦), which would store a value the user did not write.
+            if not _INTEGER.fullmatch(raw):
+                raise FarmError(f"{workload}: {self.name} must be an integer written with the digits 0-9, "
+                                f"got {brief(raw)}")
             try:
-                value = int(raw.strip(), 10)
-            except ValueError:  # also a string of more than 4300 digits
+                value = int(raw, 10)
+            except ValueError:  # a string of more than 4300 digits
                 raise FarmError(f"{workload}: {self.name} must be an integer, got {brief(raw)}") from None
         else:  # True, 2.5, None, a list: not an integer, whatever int() would make of it
             raise FarmError(f"{workload}: {self.name} must be an integer, got {brief(raw)}")
@@ -590,13 +598,19 @@ def make_workload(name: str, params: Mapping[str, Any] | None = None) -> Workloa
 
 
 def parse_assignments(items: list[str]) -> dict[str, str]:
-    """Parse CLI `key=value` words into a dict (values stay strings for `make_workload`)."""
+    """Parse CLI `key=value` words into a dict (values stay strings for `make_workload`). FarmError
+    for a word that is not key=value with neither side empty or holding whitespace, and for a key
+    given twice (which of the two was meant is not the farm's guess)."""
     out: dict[str, str] = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key or not value:
-            raise FarmError(f"parameter {item!r} must look like key=value, e.g. CI=256")
-        out[key.strip()] = value.strip()
+            raise FarmError(f"parameter {brief(item)} must look like key=value, e.g. CI=256")
+        if any(c.isspace() for c in item):
+            raise FarmError(f"parameter {brief(item)} holds whitespace: write key=value as one word, e.g. CI=256")
+        if key in out:
+            raise FarmError(f"parameter {brief(key)} is given twice ({key}={out[key]} and {item}): give it once")
+        out[key] = value
     return out
 
 
