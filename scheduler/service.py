@@ -43,7 +43,7 @@ from scheduler.cluster import init_ray, stop_ray
 from scheduler.pool import PoolFactory, WorkerPool
 from scheduler.ray_pool import RayWorkerPool
 from scheduler.tuner import Progress, run_job
-from workers.builder import warm_nvcc
+from workers.compiler import warm_nvcc
 from workers.device import LocalTracker
 
 log = logging.getLogger("farm.scheduler")

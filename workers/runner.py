@@ -51,8 +51,8 @@ from farm.core.backoff import Backoff
 from farm.core.errors import one_line
 from farm.core.measure import MeasureResult, Status
 from farm.core.task import Task
-from workers.builder import BuildResult, compile_into
 from workers.check import checker_module, relative_error
+from workers.compiler import BuildResult, compile_into
 
 log = logging.getLogger("farm.runner")
 
