@@ -29,7 +29,7 @@ from farm.core.task import Task
 from farm.core.workloads import make_workload
 from workers.builder import ProcessPoolBuilder
 from workers.compiler import BuildResult
-from workers.device import LocalTracker, ServerProcess, wait_for_keys
+from workers.rpc_processes import LocalTracker, ServerProcess, wait_for_keys
 from workers.runner import EvaluatorConfig, RPCRunner
 
 

@@ -17,7 +17,8 @@ from farm.core.measure import MeasureResult
 from farm.core.task import Task
 from scheduler.pool import MAX_CALLS
 from scheduler.shards import LocalSearches
-from workers.device import LocalDevice, LocalTracker
+from workers.device import LocalDevice
+from workers.rpc_processes import LocalTracker
 
 
 class BatchWorker(Protocol):

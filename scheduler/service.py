@@ -44,7 +44,7 @@ from scheduler.pool import PoolFactory, WorkerPool
 from scheduler.ray_pool import RayWorkerPool
 from scheduler.tuner import Progress, run_job
 from workers.compiler import warm_nvcc
-from workers.device import LocalTracker
+from workers.rpc_processes import LocalTracker
 
 log = logging.getLogger("farm.scheduler")
 

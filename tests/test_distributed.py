@@ -367,7 +367,9 @@ def test_client_against_a_scheduler_process(pg_url: str, tmp_path: Path) -> None
 def test_a_lab_device_with_only_a_stock_rpc_server_is_used_by_its_key(pg_url: str, ray_local: None,
                                                                         tmp_path: Path) -> None:
     """A board that runs TVM's own RPC server (no Ray, no farm code) measures a job that names its key."""
-    from workers.device import LocalTracker, free_port, spawn_module, wait_for_keys
+    from farm.core.host import free_port
+    from workers.processes import spawn_module
+    from workers.rpc_processes import LocalTracker, wait_for_keys
 
     store = open_store(pg_url)
     with LocalTracker(log=tmp_path / "tracker.log") as tracker:

@@ -171,7 +171,7 @@ class RPCRunner:
         """A new session within `open_timeout` seconds, else the last error. Retried while the
         server or the tracker is coming back: a killed or crashed session process takes its server
         down for a moment (and the tracker may still offer it), and a tracker that was killed is
-        restarted by its owner (workers.device.LocalTracker), the servers registering again."""
+        restarted by its owner (workers.rpc_processes.LocalTracker), the servers registering again."""
         deadline = time.monotonic() + self.open_timeout
         backoff = Backoff(0.25, 2.0)
         while True:
