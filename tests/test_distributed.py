@@ -110,8 +110,8 @@ def test_shard_searches_in_ray_actors_plan_as_in_process_ones(ray_local: None) -
     from farm.core.targets import parse_target
     from farm.core.task import Task
     from farm.core.workloads import make_workload
-    from scheduler.ray_pool import RaySearches, SearchActor
-    from scheduler.shards import LocalSearches
+    from scheduler.local_searches import LocalSearches
+    from scheduler.ray_searches import RaySearches, SearchActor
 
     task = Task(make_workload("matmul", {"M": 64, "N": 64, "K": 512}), parse_target("llvm"))
     feats = featurizer(task)
@@ -615,7 +615,7 @@ def test_a_worker_gets_what_its_builds_need_in_flight_not_two_batches(pg_url: st
 
 
 class _RecordedSearches:
-    """A task's searches (scheduler.shards.LocalSearches) that record, in order, each proposal's size
+    """A task's searches (scheduler.local_searches.LocalSearches) that record, in order, each proposal's size
     ("propose", n) and each model handed to them ("model", whether it is trained)."""
 
     def __init__(self, searches: Any) -> None:
