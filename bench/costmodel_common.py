@@ -31,11 +31,12 @@ import numpy as np
 
 from db.store import ResultStore, open_store
 from farm.client import Client
+from farm.core.host import cpu_model
 from farm.core.measure import MeasureResult, Status
 from farm.core.task import Task
 from farm.core.workloads import Workload
 from scheduler.local_pool import LocalWorkerPool
-from workers.device import LocalDevice, cpu_model
+from workers.device import LocalDevice
 
 
 def add_workload_arguments(parser: argparse.ArgumentParser, target: str = "cuda") -> None:

@@ -104,7 +104,7 @@ def time_side_by_side(fns: dict[str, Callable[[], Any]]) -> dict[str, dict[str, 
 
 def tvm_default_build(wl: Workload, target: str, export: Path) -> Any:
     """The export's kernel as TVM compiles it by default (NVRTC, fast math), not as the farm
-    measured it (`farm.build`'s nvcc): the comparison behind `workers.builder.compile_module`."""
+    measured it (`farm.build`'s nvcc): the comparison behind `workers.compiler.compile_module`."""
 
     from farm.apply import best_config
     from farm.core.targets import parse_target
@@ -126,7 +126,7 @@ def retime_case(wl: Workload, target: str, exports: dict[str, Path], tvm_compile
     import torch
 
     from farm.apply import build
-    from workers.builder import compile_module
+    from workers.compiler import compile_module
 
     expected = torch_op(wl)()
     inputs = [torch.from_numpy(x).to("cuda") for x in wl.random_inputs(0)]  # torch_op's inputs

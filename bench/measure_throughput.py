@@ -27,8 +27,9 @@ from farm.core.search import RandomSearch
 from farm.core.targets import parse_target
 from farm.core.task import Task
 from farm.core.workloads import make_workload
-from workers.builder import BuildResult, ProcessPoolBuilder
-from workers.device import LocalTracker, ServerProcess, wait_for_keys
+from workers.builder import ProcessPoolBuilder
+from workers.compiler import BuildResult
+from workers.rpc_processes import LocalTracker, ServerProcess, wait_for_keys
 from workers.runner import EvaluatorConfig, RPCRunner
 
 

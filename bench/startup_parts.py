@@ -27,7 +27,7 @@ _REPO = Path(__file__).resolve().parent.parent
 PARTS = {
     "interpreter": "pass",
     "farm imports": "import farm.cli, farm.client, farm.core.task, scheduler.service, workers.device",
-    "nvidia-smi (GPU count)": "from workers.device import gpu_count; gpu_count()",
+    "nvidia-smi (GPU count)": "from farm.core.host import gpu_count; gpu_count()",
     "import tvm, as it comes (with torch where installed)": "import tvm",
     "import tvm as the farm does (farm.core.tvm_import)": "from farm.core.tvm_import import import_tvm; import_tvm()",
     "the job's checks (JobRequest.build: target, workload, space; no TVM)": (

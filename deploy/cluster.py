@@ -38,6 +38,7 @@ import psutil
 import typer
 
 from farm.core.errors import FarmError
+from farm.core.host import free_port
 from scheduler.cluster import SINGLE_MACHINE_ENV
 
 STATE_FILE = "cluster.json"
@@ -85,13 +86,6 @@ class ClusterState:
         doc = json.loads(path.read_text())
         doc["services"] = [Service(**s) for s in doc["services"]]
         return cls(**doc)
-
-
-def free_port(host: str) -> int:
-    """A TCP port free on `host` now (the service that is given it binds it a moment later)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def port_open(host: str, port: int) -> bool:

@@ -19,7 +19,7 @@ from farm.core.targets import TargetSpec, parse_target
 from farm.core.task import Task
 from farm.core.workloads import Workload, make_workload
 from farm.export import load
-from workers.builder import compile_module
+from workers.compiler import compile_module
 
 
 def _matches(rec: dict[str, Any], task: Task) -> bool:
@@ -46,7 +46,7 @@ def build(workload: str | Workload, target: str | dict[str, Any] | TargetSpec, b
 
     Returns TVM's compiled module (`lib["main"](*inputs, output)`, `lib.export_library(path)`),
     its CUDA code compiled as the farm compiled the candidates it measured
-    (`workers.builder.compile_module`).
+    (`workers.compiler.compile_module`).
     Raises FarmError for a bad workload, target or export.
     """
     wl = workload if isinstance(workload, Workload) else make_workload(workload, params)

@@ -125,12 +125,12 @@ def tune(
     """Tune one kernel end to end on this machine: starts an RPC tracker and servers, measures
     TRIALS candidates, stores every result in the database, prints and exports the best."""
     from farm.client import Client
+    from farm.core.host import gpu_count
     from farm.core.jobspec import JobRequest
     from farm.core.targets import parse_target
     from farm.core.task import Task
     from farm.core.templates import arch_specific_hint
     from farm.core.tvm_import import import_tvm
-    from workers.device import gpu_count
 
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(message)s")

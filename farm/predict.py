@@ -16,13 +16,14 @@ from typing import Any
 
 from farm.core.costmodel import ModelSource, load_model
 from farm.core.errors import FarmError
+from farm.core.host import gpu_count
 from farm.core.jobspec import family_key
 from farm.core.measure import MeasureResult
 from farm.core.search import XGBSearch
 from farm.core.targets import TargetSpec
 from farm.core.task import Task
 from farm.core.workloads import Workload
-from workers.device import LocalDevice, gpu_count
+from workers.device import LocalDevice
 
 
 @dataclass

@@ -80,8 +80,7 @@ def _init_ray(address: str | None) -> bool:
 
     if get_authentication_mode() != AuthenticationMode.TOKEN:
         Config.initialize("")
-    from farm.core.host import usable_cores
-    from workers.device import VISIBLE_GPUS_ENV, gpu_count
+    from farm.core.host import VISIBLE_GPUS_ENV, gpu_count, usable_cores
 
     gpus = gpu_count()
     logging.getLogger("ray").setLevel(logging.ERROR)  # its start-up notices are not the user's business

@@ -3,7 +3,7 @@
 It runs the real tuning loop (scheduler.tuner.run_job) without a Ray cluster. Its workers are
 anything with the worker's `process`/`close` (a workers.device.LocalDevice, or a caller's own,
 such as the benchmarks' memoising device); the shards' searches are objects of this process
-(scheduler.shards.LocalSearches).
+(scheduler.local_searches.LocalSearches).
 """
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ from typing import Protocol
 
 from farm.core.measure import MeasureResult
 from farm.core.task import Task
+from scheduler.local_searches import LocalSearches
 from scheduler.pool import MAX_CALLS
-from scheduler.shards import LocalSearches
-from workers.device import LocalDevice, LocalTracker
+from workers.device import LocalDevice
+from workers.rpc_processes import LocalTracker
 
 
 class BatchWorker(Protocol):

@@ -1,5 +1,5 @@
 """Worker actors on a Ray cluster, as the scheduler's WorkerPool, and the shards' searches as
-Ray actors beside them.
+Ray actors beside them (scheduler.ray_searches).
 
 One worker actor per device (`num_gpus=1` each), or one per named RPC key for devices that run only
 a TVM RPC server (`num_gpus=0`: the actor compiles and drives the remote board). A GPU node that
@@ -20,19 +20,15 @@ from __future__ import annotations
 import concurrent.futures as cf
 import json
 import logging
-import os
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
-from farm.core.costmodel import CostModel, StoredModel
 from farm.core.errors import one_line
 from farm.core.measure import MeasureResult
-from farm.core.search import SearchStrategy, parse_search
 from farm.core.task import Task
-from farm.core.tvm_import import import_tvm
 from scheduler.pool import MAX_CALLS
-from scheduler.shards import Proposal, proposal, shard_search
+from scheduler.ray_searches import RaySearches, SearchActor
 from workers.actor import WorkerActor
 
 log = logging.getLogger("farm.scheduler")
@@ -233,87 +229,3 @@ def _gpu_nodes() -> dict[str, int]:
 
     return {n["NodeID"]: int(n["Resources"].get("GPU", 0)) for n in ray.nodes()
             if n.get("Alive") and n["Resources"].get("GPU", 0) >= 1}
-
-
-class SearchActor:
-    """One shard's search strategy, in a process of its own (a Ray actor), for one task at a time."""
-
-    def __init__(self) -> None:
-        """Imports TVM: a task's space needs it (its template's loop extents), and the actor is
-        created with the pool, so the import overlaps the worker actors' start instead of
-        delaying the first task's proposals."""
-        import_tvm()
-
-        self.strategy: SearchStrategy | None = None
-        self.model_id: int | None = None
-
-    def start(self, search: str, task_json: str, seed: int, shard: int, shards: int, measured: list[int]) -> None:
-        """Search shard `shard` of `shards` of the task from now on, skipping `measured`."""
-        task = Task.from_json(json.loads(task_json))
-        self.strategy = shard_search(search, task, seed, task.space.shards(shards)[shard], measured)
-        self.model_id = None
-
-    def propose(self, n: int) -> Proposal:
-        assert self.strategy is not None, "start() first"
-        return proposal(self.strategy, n)
-
-    def observe(self, results: list[MeasureResult]) -> None:
-        assert self.strategy is not None, "start() first"
-        self.strategy.observe(results)
-
-    def set_model(self, model: bytes | None, model_id: int | None) -> None:
-        """Guide the search with the model saved as `model` (CostModel.to_bytes; None: no model).
-        Called with an object reference, so Ray hands in the bytes from its object store."""
-        assert self.strategy is not None, "start() first"
-        self.strategy.set_model(CostModel.from_bytes(model) if model is not None else None)
-        self.model_id = model_id
-
-    def info(self) -> dict[str, Any]:
-        """Which model guides this shard (its store id), and this actor's process id."""
-        return {"model_id": self.model_id, "pid": os.getpid()}
-
-
-class RaySearches:
-    """The ShardSearches (scheduler.shards) of one task, one `SearchActor` per shard.
-
-    Ray runs an actor's calls in the order they were made, so a shard's `observe` always lands
-    before its next `propose`. Proposals to different shards are planned in parallel.
-    """
-
-    def __init__(self, actors: list[Any], search: str, task: Task, seed: int, measured: Iterable[int]) -> None:
-        """FarmError for a bad search spec (raised here, not in the actors)."""
-        import ray
-
-        parse_search(search)
-        self.actors = actors
-        done = ray.put(sorted(set(measured)))
-        task_json = json.dumps(task.to_json(), sort_keys=True)
-        ray.get([a.start.remote(search, task_json, seed, i, len(actors), done) for i, a in enumerate(actors)])
-
-    @property
-    def count(self) -> int:
-        return len(self.actors)
-
-    def propose(self, requests: Sequence[tuple[int, int]]) -> list[cf.Future[Proposal]]:
-        return [self.actors[shard].propose.remote(n).future() for shard, n in requests]
-
-    def observe(self, shard: int, results: list[MeasureResult]) -> None:
-        self.actors[shard].observe.remote(results)
-
-    def set_model(self, model: StoredModel | None) -> None:
-        """Put the model's bytes into the object store once; every shard's actor reads them there.
-        Not waited for: an actor runs its calls in order, so its next proposal uses the model."""
-        import ray
-
-        ref = ray.put(model.model.to_bytes() if model is not None and model.model.trained else None)
-        for a in self.actors:
-            a.set_model.remote(ref, model.model_id if model else None)
-
-    def info(self) -> list[dict[str, Any]]:
-        """Each shard actor's `SearchActor.info`."""
-        import ray
-
-        return ray.get([a.info.remote() for a in self.actors])
-
-    def close(self) -> None:
-        """Nothing to do: the actors belong to the pool and serve its next task."""

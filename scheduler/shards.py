@@ -2,11 +2,12 @@
 
 The tuning loop (scheduler.tuner) talks to one `ShardSearches` per task: one search strategy
 per shard (farm.core.search), asked for batches, told the results, and handed the cost model that
-is retrained when a round closes. Two implementations:
+is retrained when a round closes. This module holds the contract and what both implementations
+share (`shard_search`, `proposal`); the implementations stand side by side:
 
-- `LocalSearches`: the strategies are objects of the scheduler's process (unit tests,
-  benchmarks that need no cluster).
-- `scheduler.ray_pool.RaySearches`: one Ray actor per shard. A new model is put into the Ray
+- `scheduler.local_searches.LocalSearches`: the strategies are objects of the scheduler's process
+  (unit tests, benchmarks that need no cluster).
+- `scheduler.ray_searches.RaySearches`: one Ray actor per shard. A new model is put into the Ray
   object store once and every shard's actor reads it from there; the shards plan their
   batches in parallel, each in its own process, anywhere on the cluster, while the tuning loop
   goes on (proposals are futures).
@@ -62,35 +63,3 @@ def shard_search(search: str, task: Task, seed: int, shard: Shard, measured: Ite
 def proposal(strategy: SearchStrategy, n: int) -> Proposal:
     """`strategy`'s next `n` configs, each with its origin."""
     return [(index, strategy.origin(index)) for index in strategy.propose(n)]
-
-
-class LocalSearches:
-    """Every shard's strategy as an object of this process."""
-
-    def __init__(self, search: str, task: Task, seed: int, shards: int, measured: Iterable[int] = ()) -> None:
-        """FarmError for a bad search spec. `measured`: configs no shard may propose."""
-        done = set(measured)
-        self.strategies = [shard_search(search, task, seed, s, done) for s in task.space.shards(shards)]
-
-    @property
-    def count(self) -> int:
-        return len(self.strategies)
-
-    def propose(self, requests: Sequence[tuple[int, int]]) -> list[cf.Future[Proposal]]:
-        """Planned here and now, in order: the futures are done when they are returned."""
-        futures: list[cf.Future[Proposal]] = []
-        for shard, n in requests:
-            future: cf.Future[Proposal] = cf.Future()
-            future.set_result(proposal(self.strategies[shard], n))
-            futures.append(future)
-        return futures
-
-    def observe(self, shard: int, results: list[MeasureResult]) -> None:
-        self.strategies[shard].observe(results)
-
-    def set_model(self, model: StoredModel | None) -> None:
-        for strategy in self.strategies:
-            strategy.set_model(model.model if model else None)
-
-    def close(self) -> None:
-        self.strategies.clear()

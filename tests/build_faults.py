@@ -6,7 +6,8 @@ import os
 import sys
 import time
 
-from workers.builder import BuildResult, build_one
+from workers.builder import build_one
+from workers.compiler import BuildResult
 
 HANG, CRASH = 3, 5  # config indices that hang and crash the compiler process
 SLOW, SLOW_SECONDS = 7, 6.0  # a config index that paced_build takes this long to build

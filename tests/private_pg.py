@@ -21,7 +21,7 @@ from sqlalchemy import create_engine, make_url
 from sqlalchemy.pool import NullPool
 
 from deploy.cluster import _postgres_bin
-from workers.device import free_port
+from farm.core.host import free_port
 
 
 class PrivatePostgres:

@@ -36,8 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from farm.core.host import free_port
 from tests.processes import stop
-from workers.device import free_port
 
 if TYPE_CHECKING:
     from farm.client import Client, Job

@@ -18,8 +18,9 @@ from farm.core.targets import parse_target
 from farm.core.task import Task
 from farm.core.workloads import make_workload
 from tests.build_faults import CRASH, HANG, SLOW, SLOW_SECONDS, SPIN_SECONDS, faulty_build, paced_build, spinning_build
-from workers import builder
-from workers.builder import STRAGGLER_SAMPLES, BuildResult, ProcessPoolBuilder
+from workers import builder, compiler
+from workers.builder import STRAGGLER_SAMPLES, ProcessPoolBuilder
+from workers.compiler import BuildResult
 
 TASK = Task(make_workload("matmul", {"M": 32, "N": 32, "K": 32}), parse_target("llvm"))
 
@@ -88,13 +89,13 @@ def _valid_cuda_schedule() -> Any:
 def _count_nvcc(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The sources nvcc is run on from here on."""
     sources: list[str] = []
-    real = builder._nvcc
+    real = compiler._nvcc
 
     def counted(source: str, arch: str, stem: Path) -> Any:
         sources.append(source)
         return real(source, arch, stem)
 
-    monkeypatch.setattr(builder, "_nvcc", counted)
+    monkeypatch.setattr(compiler, "_nvcc", counted)
     return sources
 
 
@@ -108,7 +109,7 @@ def _compile_as_a_gpu_node(monkeypatch: pytest.MonkeyPatch, source_of: Any = Non
 
     def compile_like_a_gpu_node(mod: Any, target: Any, tir_pipeline: str = "default") -> Any:
         lib = real(mod, target=target, tir_pipeline=tir_pipeline)
-        source = builder._cuda_source(lib)
+        source = compiler._cuda_source(lib)
         code = tvm_ffi.get_global_func("tvm_callback_cuda_compile")(source_of(source) if source_of else source, target)
         assert bytes(code)[:4] == b"\x7fELF"  # a cubin, which TVM's module then holds
         return lib
@@ -141,14 +142,14 @@ def test_device_code_is_compiled_once_where_tvm_compiles_it_and_where_it_does_no
     sch = _valid_cuda_schedule()
     sources = _count_nvcc(monkeypatch)
     cpu_node = BuildResult(0, {})
-    builder.compile_into(sch.mod, CUDA_TASK.target, tmp_path / "cpu", cpu_node)
+    compiler.compile_into(sch.mod, CUDA_TASK.target, tmp_path / "cpu", cpu_node)
     # A CPU-only build node: nvcc on the module's source, the cubin shipped beside the library.
     assert cpu_node.ok and len(sources) == 1 and Path(cpu_node.cubin).exists()
     assert cpu_node.info["registers"] > 0
 
     _compile_as_a_gpu_node(monkeypatch)
     gpu_node = BuildResult(0, {})
-    builder.compile_into(sch.mod, CUDA_TASK.target, tmp_path / "gpu", gpu_node)
+    compiler.compile_into(sch.mod, CUDA_TASK.target, tmp_path / "gpu", gpu_node)
     # A GPU node: TVM's request was answered by nvcc, and that run's report is the one checked.
     assert gpu_node.ok and len(sources) == 2 and gpu_node.cubin == "" and Path(gpu_node.library).exists()
     assert gpu_node.info == cpu_node.info and gpu_node.source_sha == cpu_node.source_sha
@@ -159,7 +160,7 @@ def test_source_nvcc_refuses_inside_tvms_compile_is_the_candidates_build_error(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     _compile_as_a_gpu_node(monkeypatch, source_of=lambda source: source + "\nthis is not C++;\n")
     result = BuildResult(0, {})
-    builder.compile_into(_valid_cuda_schedule().mod, CUDA_TASK.target, tmp_path / "c", result)
+    compiler.compile_into(_valid_cuda_schedule().mod, CUDA_TASK.target, tmp_path / "c", result)
     assert result.status == Status.BUILD_ERROR and result.error.startswith("nvcc: ")
 
 
@@ -174,7 +175,8 @@ def test_farm_build_compiles_the_device_code_as_the_measured_candidate(
     sources = _count_nvcc(monkeypatch)
     _compile_as_a_gpu_node(monkeypatch)
     measured = BuildResult(0, {})
-    builder.compile_into(CUDA_TASK.schedule(CUDA_TASK.default_config()).mod, CUDA_TASK.target, tmp_path / "c", measured)
+    compiler.compile_into(CUDA_TASK.schedule(CUDA_TASK.default_config()).mod, CUDA_TASK.target, tmp_path / "c",
+                          measured)
     with pytest.warns(UserWarning, match="building with the default config"):
         build(CUDA_TASK.workload, CUDA_TASK.target)
     assert measured.ok and len(sources) == 2 and sources[0] == sources[1]
@@ -218,4 +220,4 @@ def test_farm_build_warns_where_its_cuda_code_cannot_be_the_measured_one() -> No
     if tvm.cuda(0).exist:
         pytest.skip("a GPU is present: TVM's runtime asks for the device code here")
     with pytest.warns(UserWarning, match="not by the nvcc -O3 run the farm measured"):
-        builder.compile_module(_valid_cuda_schedule().mod, CUDA_TASK.target)
+        compiler.compile_module(_valid_cuda_schedule().mod, CUDA_TASK.target)

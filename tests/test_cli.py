@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from farm.core.host import visible_gpus
 from farm.core.targets import parse_target
 from farm.core.task import Task
 from farm.core.workloads import make_workload
-from workers.device import visible_gpus
 
 
 def farm(*args: str, cwd: Path | None = None, timeout: float = 600,

@@ -17,9 +17,11 @@ import pytest
 from sqlalchemy import event, insert, update
 from sqlalchemy.exc import IntegrityError
 
+from db.base import TRIAL_COLUMNS, ResultStore
 from db.engine import session_factory
 from db.models import JobRecord, TrialRecord, WorkerRecord, utcnow
-from db.store import TRIAL_COLUMNS, ResultStore, SQLResultStore, open_store
+from db.sql_store import SQLResultStore
+from db.store import open_store
 from db.writer import NOTIFY_CHANNEL, trial_row
 from farm.core.errors import FarmError
 from farm.core.measure import MeasureResult, Status

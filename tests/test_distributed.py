@@ -110,8 +110,8 @@ def test_shard_searches_in_ray_actors_plan_as_in_process_ones(ray_local: None) -
     from farm.core.targets import parse_target
     from farm.core.task import Task
     from farm.core.workloads import make_workload
-    from scheduler.ray_pool import RaySearches, SearchActor
-    from scheduler.shards import LocalSearches
+    from scheduler.local_searches import LocalSearches
+    from scheduler.ray_searches import RaySearches, SearchActor
 
     task = Task(make_workload("matmul", {"M": 64, "N": 64, "K": 512}), parse_target("llvm"))
     feats = featurizer(task)
@@ -367,7 +367,9 @@ def test_client_against_a_scheduler_process(pg_url: str, tmp_path: Path) -> None
 def test_a_lab_device_with_only_a_stock_rpc_server_is_used_by_its_key(pg_url: str, ray_local: None,
                                                                         tmp_path: Path) -> None:
     """A board that runs TVM's own RPC server (no Ray, no farm code) measures a job that names its key."""
-    from workers.device import LocalTracker, free_port, spawn_module, wait_for_keys
+    from farm.core.host import free_port
+    from workers.processes import spawn_module
+    from workers.rpc_processes import LocalTracker, wait_for_keys
 
     store = open_store(pg_url)
     with LocalTracker(log=tmp_path / "tracker.log") as tracker:
@@ -613,7 +615,7 @@ def test_a_worker_gets_what_its_builds_need_in_flight_not_two_batches(pg_url: st
 
 
 class _RecordedSearches:
-    """A task's searches (scheduler.shards.LocalSearches) that record, in order, each proposal's size
+    """A task's searches (scheduler.local_searches.LocalSearches) that record, in order, each proposal's size
     ("propose", n) and each model handed to them ("model", whether it is trained)."""
 
     def __init__(self, searches: Any) -> None:

@@ -275,7 +275,7 @@ def _tracker_summary(address: tuple[str, int]) -> dict[str, Any]:
 def test_rpc_processes_die_with_the_process_that_started_them() -> None:
     """kill -9 of a process that started a LocalTracker and an RPC server: every process they were
     (the launchers, the tracker's serving process, the server) is gone within a few seconds."""
-    code = ("from workers.device import LocalTracker, ServerProcess, wait_for_keys\n"
+    code = ("from workers.rpc_processes import LocalTracker, ServerProcess, wait_for_keys\n"
             "t = LocalTracker().start()\n"
             "s = ServerProcess(t.address, 'orphan-test', 'llvm')\n"
             "wait_for_keys(t.address, ['orphan-test'], 60, [s.proc])\n"

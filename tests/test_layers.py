@@ -80,7 +80,7 @@ ABOVE_CORE = ("db", "scheduler", "workers", "deploy", "ray", "farm.client", "far
 
 
 @pytest.mark.parametrize(("imported", "forbidden"), [
-    ("db, db.store, db.migrate", ABOVE_STORAGE),
+    ("db, db.store, db.base, db.sql_store, db.migrate", ABOVE_STORAGE),
     ("farm.core.task, farm.core.search, farm.core.costmodel, farm.core.jobspec", ABOVE_CORE),
 ])
 def test_importing_a_layer_loads_nothing_above_it(imported: str, forbidden: tuple[str, ...]) -> None:

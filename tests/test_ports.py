@@ -1,4 +1,4 @@
-"""The ports the farm gives the processes it starts (workers.device.free_port): free, and out of the
+"""The ports the farm gives the processes it starts (farm.core.host.free_port): free, and out of the
 kernel's ephemeral range, which every process that binds port 0 or connects draws from."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-import workers.device
-from workers.device import PORTS_FROM, free_port
+import farm.core.host
+from farm.core.host import PORTS_FROM, free_port
 
 
 def _ephemeral_low() -> int:
@@ -29,7 +29,7 @@ def test_ports_lie_below_the_ephemeral_range_and_can_be_listened_on() -> None:
 
 
 def test_without_the_range_file_an_ephemeral_port(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setattr(workers.device, "_EPHEMERAL_RANGE", tmp_path / "missing")
+    monkeypatch.setattr(farm.core.host, "_EPHEMERAL_RANGE", tmp_path / "missing")
     port = free_port()
     with socket.socket() as s:
         s.bind(("127.0.0.1", port))

@@ -14,8 +14,8 @@ from farm.core.measure import Status
 from farm.core.targets import parse_target
 from farm.core.task import Task
 from farm.core.workloads import make_workload
-from workers.builder import BuildResult
-from workers.device import LocalTracker, ServerProcess, wait_for_keys
+from workers.compiler import BuildResult
+from workers.rpc_processes import LocalTracker, ServerProcess, wait_for_keys
 from workers.runner import RPCRunner
 
 pytestmark = pytest.mark.slow

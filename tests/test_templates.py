@@ -495,7 +495,7 @@ def test_cuda_wgmma_convolution_builds_as_the_farm_builds_it(tmp_path: Path, war
     arriving on a full barrier that expects them all, and the stores stopped at the last pixel.
     Every load of the input is unconditional, into the registers of a batch (a load under a
     branch waited for the store before it: the loads went to L2 one at a time)."""
-    from workers import builder
+    from workers import builder, compiler
 
     task = Task(make_workload("conv2d_nchw", dict(N=8, CI=256, H=14, W=14, CO=256, KH=3, KW=3, pad=1,
                                                   dtype="float16")), HOPPER)
@@ -517,7 +517,7 @@ def test_cuda_wgmma_convolution_builds_as_the_farm_builds_it(tmp_path: Path, war
     # 64 x block_n elements per tile over the gatherers, in batches of at most 32 that divide them
     assert set(staged) == {"staged_ptr"}
     assert source.count("X_ptr[") == len(staged) == math.gcd(32, 64 * block_n // (128 * producer))
-    ptxas = builder._nvcc(source, HOPPER.arch, tmp_path / "again").stderr
+    ptxas = compiler._nvcc(source, HOPPER.arch, tmp_path / "again").stderr
     assert "0 bytes stack frame" in ptxas and "serialized" not in ptxas, ptxas
 
 
@@ -882,7 +882,7 @@ def test_cuda_wgmma_kernel_builds_as_the_farm_builds_it(tmp_path: Path, warpgrou
     C written in 16-byte stores after the quads' shuffles, 4-byte ones without; with store 2, the
     shuffled words written to shared memory and TMA storing them, one store per 64-column atom,
     its thread waiting for them before the staging tile is reused and before the block exits."""
-    from workers import builder
+    from workers import builder, compiler
 
     wl = make_workload("matmul", dict(M=4096, N=4096, K=4096, dtype="float16"))
     task = Task(wl, HOPPER)
@@ -913,7 +913,7 @@ def test_cuda_wgmma_kernel_builds_as_the_farm_builds_it(tmp_path: Path, warpgrou
     # module launches clusters (TVM's launch tag for them).
     assert ("multicast::cluster" in source) == ("mapa.shared::cluster" in source) == (cluster > 1)
     assert (b"clusterCtaIdx" in _exported(lib, tmp_path)) == (cluster > 1)
-    ptxas = builder._nvcc(source, HOPPER.arch, tmp_path / "again").stderr
+    ptxas = compiler._nvcc(source, HOPPER.arch, tmp_path / "again").stderr
     assert "0 bytes stack frame" in ptxas, ptxas
     # ptxas serialises the wgmmas (a wait after each) where it cannot prove their accumulators
     # untouched in flight, and says so: "Potential Performance Loss: wgmma.mma_async instructions

@@ -12,7 +12,8 @@ first build costs only ~0.3 s more than the next. The server's build takes ~1.4 
 builder process, while the slots start; the slots wait for it."""
 
 import workers.build_preload  # noqa: F401  (TVM imported, as for every build process)
-from workers.builder import BuildResult, warm_build
+from workers.builder import warm_build
+from workers.compiler import BuildResult
 
 result: BuildResult | None = None  # the warm-up build's, inherited by every forked build process
 

@@ -3,7 +3,7 @@
     python -m workers.lifeline PARENT_PID MODULE [ARGS ...]
 
 runs ``python -m MODULE ARGS ...`` in this process, and kills this process's whole process group
-(it must lead one: workers.device.spawn_module starts it with start_new_session) as soon as
+(it must lead one: workers.processes.spawn_module starts it with start_new_session) as soon as
 PARENT_PID is no longer its parent: the parent ended, even by SIGKILL, and the child was handed
 to init. So an RPC tracker or server never outlives the scheduler, worker actor or test that
 started it, however that one ended.

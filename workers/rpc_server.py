@@ -70,7 +70,7 @@ def _device_name(kind: str) -> str:
 
     import tvm
 
-    from workers.device import cpu_model
+    from farm.core.host import cpu_model
 
     if kind == "cuda":
         return str(tvm.cuda(0).device_name)

@@ -51,8 +51,8 @@ from farm.core.backoff import Backoff
 from farm.core.errors import one_line
 from farm.core.measure import MeasureResult, Status
 from farm.core.task import Task
-from workers.builder import BuildResult, compile_into
 from workers.check import checker_module, relative_error
+from workers.compiler import BuildResult, compile_into
 
 log = logging.getLogger("farm.runner")
 
@@ -171,7 +171,7 @@ class RPCRunner:
         """A new session within `open_timeout` seconds, else the last error. Retried while the
         server or the tracker is coming back: a killed or crashed session process takes its server
         down for a moment (and the tracker may still offer it), and a tracker that was killed is
-        restarted by its owner (workers.device.LocalTracker), the servers registering again."""
+        restarted by its owner (workers.rpc_processes.LocalTracker), the servers registering again."""
         deadline = time.monotonic() + self.open_timeout
         backoff = Backoff(0.25, 2.0)
         while True:

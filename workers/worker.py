@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from farm.core import metrics
 from farm.core.measure import MeasureResult
 from farm.core.task import Task
-from workers.builder import Builder, BuildResult, ProcessPoolBuilder
+from workers.builder import Builder, ProcessPoolBuilder
+from workers.compiler import BuildResult
 from workers.runner import EvaluatorConfig, RPCRunner, Runner
 
 # A candidate's build (schedule, compile, nvcc) taking longer than this is recorded as a timeout.

@@ -25,7 +25,8 @@ from farm.core.targets import parse_target
 from farm.core.task import Task
 from farm.core.templates.verify import verify_gpu
 from farm.core.workloads import make_workload
-from workers.builder import BuildResult, _init_pool_process, _task, build_one, compile_into
+from workers.builder import _init_pool_process, _task, build_one
+from workers.compiler import BuildResult, compile_into
 
 CUDA = {"kind": "cuda", "arch": "sm_90"}
 
