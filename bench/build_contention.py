@@ -56,7 +56,7 @@ def main() -> None:
     device.start()
     try:
         for index, latency in zip(ok["config_index"], ok["latency"], strict=True):
-            (result,) = device.process(task, [int(index)])
+            (result,) = device.build_and_measure(task, [int(index)])
             if result.latency is not None:
                 pairs.append((int(index), float(latency) * 1e6, result.latency * 1e6))
     finally:

@@ -81,7 +81,7 @@ class MemoDevice:
         key = task.workload.key
         new = [i for i in dict.fromkeys(indices) if (key, i) not in self.cache]
         if new:
-            measured = self.device.process(task, new)
+            measured = self.device.build_and_measure(task, new)
         with self._lock:
             for r in measured if new else []:
                 self.cache[(key, r.config_index)] = r
@@ -91,7 +91,7 @@ class MemoDevice:
                 self.cache_file.write_text(json.dumps(doc))
         return [replace(self.cache[(key, i)], round=round_) for i in indices]
 
-    def process(self, task: Task, indices: list[int], shard: int = 0, round_: int = 0) -> list[MeasureResult]:
+    def build_and_measure(self, task: Task, indices: list[int], shard: int = 0, round_: int = 0) -> list[MeasureResult]:
         """The worker contract (scheduler.local_pool.BatchWorker), memoised."""
         return [replace(r, shard=shard) for r in self.measure(task, indices, round_)]
 

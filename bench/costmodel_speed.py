@@ -77,7 +77,7 @@ def main() -> None:
             indices = rng.choice(task.space.size, args.trials // len(rows), replace=False)
             for i, latency in zip(indices.tolist(), synthetic(task, indices, rng).tolist(), strict=True):
                 failed = rng.random() < 0.1
-                writer.add(row["id"], MeasureResult(i, task.space.get(i).to_json(),
+                writer.record(row["id"], MeasureResult(i, task.space.get(i).to_json(),
                                                     Status.RUNTIME_ERROR if failed else Status.OK,
                                                     latencies=[] if failed else [latency]))
     row, task = rows[0], Task.from_json(rows[0])

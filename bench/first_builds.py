@@ -43,7 +43,7 @@ SEARCHES = {"random (uniform)": RandomSearch, "xgb, unguided (quick builds)": XG
 def first_batch(builder: ProcessPoolBuilder, task: Task, indices: list[int]) -> dict[str, Any]:
     """Build `indices` at once: their build seconds, and when the first and the last were done."""
     start = time.monotonic()
-    futures = builder.submit(task, indices)
+    futures = builder.start(task, indices)
     done = [time.monotonic() - start for _ in cf.as_completed(futures)]
     results = [f.result() for f in futures]
     seconds = [r.build_seconds for r in results]

@@ -38,7 +38,7 @@ class InstantWorker:
         self.name = name
         self.rng = random.Random(name)
 
-    def process(self, task: Task, indices: list[int], shard: int = 0, round_: int = 0) -> list[MeasureResult]:
+    def build_and_measure(self, task: Task, indices: list[int], shard: int = 0, round_: int = 0) -> list[MeasureResult]:
         return [MeasureResult(i, task.space.get(i).to_json(), Status.OK, latencies=[self.rng.uniform(1e-5, 1e-3)] * 3,
                               device="none", worker=self.name, shard=shard, round=round_) for i in indices]
 
@@ -71,7 +71,7 @@ def _write(url: str, task_id: int, offset: int, count: int, batch: int) -> float
     start = time.perf_counter()
     with store.writer(batch_size=batch, flush_seconds=None) as writer:
         for r in rows:
-            writer.add(task_id, r)
+            writer.record(task_id, r)
     return time.perf_counter() - start
 
 

@@ -107,7 +107,7 @@ class ResultWriter:
         with self._lock:
             return self._inserted
 
-    def add(self, task_id: int, result: MeasureResult) -> None:
+    def record(self, task_id: int, result: MeasureResult) -> None:
         """Buffer `result` of task `task_id`; have the buffer flushed if it holds `batch_size` rows.
 
         Raises RuntimeError after `close`, ValueError for an unknown status.
@@ -115,7 +115,7 @@ class ResultWriter:
         row = trial_row(task_id, result, utcnow())
         with self._lock:
             if self._closed:
-                raise RuntimeError("ResultWriter.add after close")
+                raise RuntimeError("ResultWriter.record after close")
             self._rows.append(row)
             full = len(self._rows) >= self.batch_size
             if self.flush_seconds is not None and self._thread is None:

@@ -81,7 +81,7 @@ def measure_locally(task: Task, indices: list[int], log_dir: Path | None = None)
         raise FarmError("no GPU visible here (nvidia-smi lists none) to measure cuda configs: "
                         "leave out --measure, or run on a machine with an NVIDIA GPU")
     with LocalDevice(task.target.kind, "predict", gpu="0", log_dir=log_dir) as device:
-        return device.process(task, indices)
+        return device.build_and_measure(task, indices)
 
 
 def render(predictions: list[Prediction], as_json: bool = False) -> str:

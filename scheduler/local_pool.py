@@ -1,7 +1,7 @@
 """A WorkerPool in this process: each worker's batches run in threads of the scheduler's process.
 
 It runs the real tuning loop (scheduler.tuner.run_job) without a Ray cluster. Its workers are
-anything with the worker's `process`/`close` (a workers.device.LocalDevice, or a caller's own,
+anything with the worker's `build_and_measure`/`cancel`/`close` (a workers.device.LocalDevice, or a caller's own,
 such as the benchmarks' memoising device); the shards' searches are objects of this process
 (scheduler.local_searches.LocalSearches).
 """
@@ -26,7 +26,8 @@ class BatchWorker(Protocol):
 
     name: str
 
-    def process(self, task: Task, indices: list[int], shard: int = 0, round_: int = 0) -> list[MeasureResult]: ...
+    def build_and_measure(self, task: Task, indices: list[int], shard: int = 0,
+                          round_: int = 0) -> list[MeasureResult]: ...
 
     def cancel(self) -> None: ...
 
@@ -81,9 +82,9 @@ class LocalWorkerPool:
     def names(self) -> list[str]:
         return [w.name for w in self.workers]
 
-    def submit(self, worker: int, task: Task, indices: list[int], shard: int,
+    def dispatch(self, worker: int, task: Task, indices: list[int], shard: int,
                round_: int) -> cf.Future[list[MeasureResult]]:
-        return self._threads.submit(self.workers[worker].process, task, indices, shard, round_)
+        return self._threads.submit(self.workers[worker].build_and_measure, task, indices, shard, round_)
 
     def searches(self, search: str, task: Task, seed: int, measured: Iterable[int]) -> LocalSearches:
         return LocalSearches(search, task, seed, self.size, measured)

@@ -65,7 +65,7 @@ class Lead:
 class WorkerPool(Protocol):
     """The devices one job measures on, and the searches of its tasks' shards.
 
-    Contract: `submit` returns a future of one MeasureResult per index, in order; a worker
+    Contract: `dispatch` returns a future of one MeasureResult per index, in order; a worker
     that fails as a whole (its process died) fails the future, and the pool starts a new worker
     in its place for later calls (the loop measures the configs again). `cancel` stops the calls in
     flight (a job cancelled or interrupted): each of their futures resolves as soon as the
@@ -86,7 +86,7 @@ class WorkerPool(Protocol):
     def names(self) -> list[str]:
         """Each worker's name (its metrics and trials carry it), in worker order."""
 
-    def submit(self, worker: int, task: Task, indices: list[int], shard: int,
+    def dispatch(self, worker: int, task: Task, indices: list[int], shard: int,
                round_: int) -> cf.Future[list[MeasureResult]]: ...
 
     def cancel(self) -> None: ...

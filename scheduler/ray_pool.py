@@ -40,7 +40,7 @@ CANCEL_SECONDS = 2.0
 class RayWorkerPool:
     """`count` device actors (or one actor per entry of `rpc_keys`) measuring `kind` kernels.
 
-    An actor whose process dies is replaced by a new one under the same name (see `submit`).
+    An actor whose process dies is replaced by a new one under the same name (see `dispatch`).
     """
 
     def __init__(self, tracker: tuple[str, int], kind: str, count: int = 1, rpc_keys: list[str] | None = None,
@@ -80,7 +80,7 @@ class RayWorkerPool:
     def names(self) -> list[str]:
         return [info["name"] for info in self.infos]
 
-    def submit(self, worker: int, task: Task, indices: list[int], shard: int,
+    def dispatch(self, worker: int, task: Task, indices: list[int], shard: int,
                round_: int) -> cf.Future[list[MeasureResult]]:
         """Run the call on worker actor `worker`. If the actor has died (ActorDiedError), a new
         actor takes its place before the future fails, so the configs can be sent again at once."""
@@ -88,7 +88,7 @@ class RayWorkerPool:
 
         task_json = json.dumps(task.to_json(), sort_keys=True)
         actor = self.actors[worker]
-        raw = actor.process.remote(task_json, indices, shard, round_).future()
+        raw = actor.build_and_measure.remote(task_json, indices, shard, round_).future()
         out: cf.Future[list[MeasureResult]] = cf.Future()
 
         def done(f: cf.Future[list[dict[str, Any]]]) -> None:

@@ -422,7 +422,7 @@ class _TaskLoop:
 
     def _submit(self, worker: int, shard: int, proposed: Proposal, attempt: int) -> None:
         indices = [index for index, _ in proposed]
-        future = self.pool.submit(worker, self.task, indices, shard, self.round)
+        future = self.pool.dispatch(worker, self.task, indices, shard, self.round)
         self.running[future] = _Chunk(worker, shard, indices, dict(proposed), self.round, attempt)
         self.in_flight[worker] += len(indices)
         self.idle_since[worker] = None
@@ -474,7 +474,7 @@ class _TaskLoop:
         results = results[: self.budget - self.done]  # an end game's chunk or the one it stood in for: the first
         for r in results:
             r.origin = chunk.origins.get(r.config_index, "")
-            self.writer.add(self.task_id, r)
+            self.writer.record(self.task_id, r)
         self.searches.observe(chunk.shard, results)
         self.round_results.extend(results)
         self.since_training += len(results)

@@ -51,7 +51,7 @@ def test_timeout_counts_from_the_start_of_the_build_not_the_queue() -> None:
 
 def test_results_arrive_as_each_candidate_is_built() -> None:
     with ProcessPoolBuilder(workers=2, timeout=20, build=faulty_build) as builder:
-        futures = builder.submit(TASK, [HANG, 0, 1])
+        futures = builder.start(TASK, [HANG, 0, 1])
         start = time.monotonic()
         done, _ = cf.wait(futures[1:], timeout=18)
         assert len(done) == 2 and time.monotonic() - start < 18  # not held back by the hung one
@@ -125,7 +125,7 @@ def test_paused_builds_stop_and_their_time_limits_wait() -> None:
     with ProcessPoolBuilder(workers=1, timeout=SPIN_SECONDS + 3, build=spinning_build) as builder:
         assert builder.build(TASK, [0])[0].ok  # the slot's process is up
         (pid,) = [proc.pid for proc in builder._procs.values()]
-        (future,) = builder.submit(TASK, [1])
+        (future,) = builder.start(TASK, [1])
         time.sleep(0.2)  # the build is computing
         with builder.paused():
             time.sleep(0.2)

@@ -61,7 +61,7 @@ def add_task(store: ResultStore, workload: str, params: dict[str, Any],
 def write(store: ResultStore, task_id: int, results: list[MeasureResult]) -> None:
     with store.writer() as writer:
         for r in results:
-            writer.add(task_id, r)
+            writer.record(task_id, r)
 
 
 def sample(task: Task, n: int, seed: int) -> np.ndarray:

@@ -194,7 +194,7 @@ def test_a_writer_keeps_buffering_while_its_database_is_unavailable() -> None:
     writer = ResultWriter(engine, batch_size=2, flush_seconds=0.05, outage=guard)
     start = time.monotonic()
     for i in range(5):
-        writer.add(1, MeasureResult(i, {"tile": i}, Status.OK, latencies=[1e-3]))
+        writer.record(1, MeasureResult(i, {"tile": i}, Status.OK, latencies=[1e-3]))
     assert time.monotonic() - start < 0.5
     time.sleep(0.3)  # the background thread is retrying meanwhile
     assert writer.pending == 5 and writer.inserted == 0

@@ -83,7 +83,7 @@ def _claim_in_child(store: ResultStore, scheduler_id: str, start: Any, results: 
     with store.writer(flush_seconds=None) as writer:
         while (job_id := store.claim_job(scheduler_id)) is not None:
             claimed.append(job_id)
-            writer.add(store.tasks(job_id)[0]["id"], ok(job_id, 1e-3))
+            writer.record(store.tasks(job_id)[0]["id"], ok(job_id, 1e-3))
     results.put(claimed)
 
 
@@ -230,7 +230,7 @@ class TestResultStore:
         old, new = make_job(store, name="old"), make_job(store, name="new")
         with store.writer(flush_seconds=None) as writer:
             for i in range(3):
-                writer.add(store.tasks(old)[0]["id"], ok(i, 1e-3))
+                writer.record(store.tasks(old)[0]["id"], ok(i, 1e-3))
         listed = store.jobs()
         assert [(j["id"], j["trials"]) for j in listed] == [(new, 0), (old, 3)]
         assert [j["id"] for j in store.jobs(limit=1)] == [new]
@@ -248,14 +248,14 @@ class TestResultStore:
 
         event.listen(store.engine, "before_cursor_execute", count_inserts)
         for i in range(3):
-            writer.add(task_id, ok(i, 1e-3))
+            writer.record(task_id, ok(i, 1e-3))
         assert writer.pending == 3 and store.trial_count(task_id) == 0 and inserts == []
-        writer.add(task_id, ok(3, 1e-3))  # fills the batch: one multi-row INSERT
+        writer.record(task_id, ok(3, 1e-3))  # fills the batch: one multi-row INSERT
         assert writer.pending == 0 and store.trial_count(task_id) == 4 and inserts == [True]
 
-        writer.add(task_id, ok(2, 9.0))  # already stored: ignored, first result kept
-        writer.add(task_id, ok(10, 2e-3))
-        writer.add(task_id, ok(10, 3e-3))  # duplicate within one batch
+        writer.record(task_id, ok(2, 9.0))  # already stored: ignored, first result kept
+        writer.record(task_id, ok(10, 2e-3))
+        writer.record(task_id, ok(10, 3e-3))  # duplicate within one batch
         assert writer.flush() == 1
         assert writer.flush() == 0
         writer.close()
@@ -263,17 +263,17 @@ class TestResultStore:
         assert store.measured_indices(task_id) == {0, 1, 2, 3, 10}
         assert store.best(task_id, k=10)[-1]["latency"] == pytest.approx(2e-3)
         with pytest.raises(RuntimeError, match="after close"):
-            writer.add(task_id, ok(11, 1e-3))
+            writer.record(task_id, ok(11, 1e-3))
 
         other = store.writer(flush_seconds=None)  # a second writer meets the same unique key
-        other.add(task_id, ok(0, 5.0))
+        other.record(task_id, ok(0, 5.0))
         assert other.flush() == 0
         other.close()
 
     def test_writer_flushes_in_background(self, store: ResultStore) -> None:
         task_id = store.tasks(make_job(store))[0]["id"]
         writer = store.writer(batch_size=1000, flush_seconds=0.05)
-        writer.add(task_id, ok(1, 1e-3))
+        writer.record(task_id, ok(1, 1e-3))
         deadline = time.monotonic() + 5
         while store.trial_count(task_id) == 0 and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -286,7 +286,7 @@ class TestResultStore:
 
             def produce(offset: int) -> None:
                 for i in range(offset, offset + 100):  # producers overlap by half
-                    writer.add(task_id, ok(i, 1e-3 + i * 1e-6))
+                    writer.record(task_id, ok(i, 1e-3 + i * 1e-6))
 
             threads = [threading.Thread(target=produce, args=(50 * n,)) for n in range(4)]
             for thread in threads:
@@ -299,8 +299,8 @@ class TestResultStore:
     def test_failed_flush_keeps_rows(self, store: ResultStore) -> None:
         task_id = store.tasks(make_job(store))[0]["id"]
         writer = store.writer(flush_seconds=None)
-        writer.add(task_id, ok(1, 1e-3))
-        writer.add(task_id + 999, ok(2, 1e-3))  # no such task: the foreign key rejects the batch
+        writer.record(task_id, ok(1, 1e-3))
+        writer.record(task_id + 999, ok(2, 1e-3))  # no such task: the foreign key rejects the batch
         with pytest.raises(IntegrityError):
             writer.flush()
         assert writer.pending == 2 and store.trial_count(task_id) == 0
@@ -310,10 +310,10 @@ class TestResultStore:
         first, second = (task["id"] for task in store.tasks(job_id))
         other = store.tasks(make_job(store))[0]["id"]
         with store.writer(flush_seconds=None) as writer:
-            writer.add(first, ok(5, 3e-3, 1e-3, 2e-3, round=1))
-            writer.add(first, failed(6, Status.TIMEOUT))
-            writer.add(second, ok(1, 4e-3))
-            writer.add(other, ok(1, 9e-3))
+            writer.record(first, ok(5, 3e-3, 1e-3, 2e-3, round=1))
+            writer.record(first, failed(6, Status.TIMEOUT))
+            writer.record(second, ok(1, 4e-3))
+            writer.record(other, ok(1, 9e-3))
 
         frame = store.trials(job_id=job_id)
         assert list(frame.columns) == list(TRIAL_COLUMNS)
@@ -346,11 +346,11 @@ class TestResultStore:
     def test_best(self, store: ResultStore) -> None:
         task_id = store.tasks(make_job(store))[0]["id"]
         with store.writer(flush_seconds=None) as writer:
-            writer.add(task_id, ok(0, 5e-3))
-            writer.add(task_id, failed(1))
-            writer.add(task_id, ok(2, 1e-3, 9.0, 2e-3))  # median 2e-3
-            writer.add(task_id, ok(3, 3e-3))
-            writer.add(task_id, MeasureResult(4, {}, Status.WRONG_RESULT, latencies=[1e-6]))
+            writer.record(task_id, ok(0, 5e-3))
+            writer.record(task_id, failed(1))
+            writer.record(task_id, ok(2, 1e-3, 9.0, 2e-3))  # median 2e-3
+            writer.record(task_id, ok(3, 3e-3))
+            writer.record(task_id, MeasureResult(4, {}, Status.WRONG_RESULT, latencies=[1e-6]))
         assert [t["config_index"] for t in store.best(task_id)] == [2]
         best = store.best(task_id, k=10)
         assert [t["config_index"] for t in best] == [2, 3, 0]  # ok trials only, fastest first
@@ -421,10 +421,10 @@ class TestResultStore:
         b = store.tasks(make_job(store, n_tasks=2))[1]["id"]
         elsewhere = store.tasks(make_job(store, family="cuda_tiled|cuda|matmul"))[0]["id"]
         with store.writer(flush_seconds=None) as writer:
-            writer.add(a, ok(1, 1e-3))
-            writer.add(b, ok(2, 2e-3))
-            writer.add(elsewhere, ok(3, 3e-3))
-            writer.add(a, failed(4))
+            writer.record(a, ok(1, 1e-3))
+            writer.record(b, ok(2, 2e-3))
+            writer.record(elsewhere, ok(3, 3e-3))
+            writer.record(a, failed(4))
         frame = store.trials_for_family(FAMILY)
         assert list(frame.columns) == [*TRIAL_COLUMNS, "params"]
         assert frame["config_index"].tolist() == [1, 2, 4]
@@ -516,10 +516,10 @@ def test_postgres_notifies_listeners(pg_url: str) -> None:
     with listener.cursor() as cursor:
         cursor.execute(f"LISTEN {NOTIFY_CHANNEL}")
     with store.writer(flush_seconds=None) as writer:
-        writer.add(task_ids[0], ok(1, 1e-3))
-        writer.add(task_ids[1], ok(1, 1e-3))
+        writer.record(task_ids[0], ok(1, 1e-3))
+        writer.record(task_ids[1], ok(1, 1e-3))
         assert writer.flush() == 2
-        writer.add(task_ids[0], ok(1, 1e-3))
+        writer.record(task_ids[0], ok(1, 1e-3))
         assert writer.flush() == 0  # nothing stored: nothing announced
 
     payloads = []

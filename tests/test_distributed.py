@@ -455,10 +455,10 @@ class _Delayed:
         self.delayed: list[int] = []
         self.returned = 0  # calls that came back
 
-    def process(self, task: Any, indices: list[int], shard: int = 0, round_: int = 0) -> list[Any]:
+    def build_and_measure(self, task: Any, indices: list[int], shard: int = 0, round_: int = 0) -> list[Any]:
         if self.gate(self, indices):
             self.delayed.extend(indices)
-        results = self.worker.process(task, indices, shard, round_)
+        results = self.worker.build_and_measure(task, indices, shard, round_)
         self.returned += 1
         return results
 
@@ -568,12 +568,12 @@ class _Counting:
         self.out = self.returned = 0
         self.in_flight: list[tuple[int, int]] = []
 
-    def process(self, task: Any, indices: list[int], shard: int = 0, round_: int = 0) -> list[Any]:
+    def build_and_measure(self, task: Any, indices: list[int], shard: int = 0, round_: int = 0) -> list[Any]:
         with self.lock:
             self.out += len(indices)
             self.in_flight.append((self.returned, self.out))
         try:
-            return self.worker.process(task, indices, shard, round_)
+            return self.worker.build_and_measure(task, indices, shard, round_)
         finally:
             with self.lock:
                 self.out -= len(indices)

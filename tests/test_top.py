@@ -71,10 +71,10 @@ def busy_farm(tmp_path: Path) -> str:
     _, a, b = _running_job(store)
     with store.writer(flush_seconds=None) as writer:
         for i in range(12):
-            writer.add(a, ok(i, 2e-6 + i * 1e-7))
-        writer.add(b, replace(failed(0), worker="llvm-worker-1"))
+            writer.record(a, ok(i, 2e-6 + i * 1e-7))
+        writer.record(b, replace(failed(0), worker="llvm-worker-1"))
         for i in range(1, 6):
-            writer.add(b, replace(ok(i, 5e-6), worker="llvm-worker-1"))
+            writer.record(b, replace(ok(i, 5e-6), worker="llvm-worker-1"))
     store.close()
     return url
 

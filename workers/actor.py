@@ -59,10 +59,10 @@ class WorkerActor:
                 "startup_seconds": self.startup_seconds, "metrics_address": self.metrics_address,
                 "busy_seconds": self.device.worker.busy_seconds}
 
-    def process(self, task_json: str, indices: list[int], shard: int, round_: int) -> list[dict[str, Any]]:
+    def build_and_measure(self, task_json: str, indices: list[int], shard: int, round_: int) -> list[dict[str, Any]]:
         """Build and measure; results as dicts (MeasureResult.to_json) for the object store."""
         task = Task.from_json(json.loads(task_json))
-        return [r.to_json() for r in self.device.worker.process(task, indices, shard, round_)]
+        return [r.to_json() for r in self.device.worker.build_and_measure(task, indices, shard, round_)]
 
     def cancel(self) -> None:
         """Stop the calls in flight (workers.worker.Worker.cancel); returns once they are told."""

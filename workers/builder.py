@@ -136,12 +136,12 @@ def warm_build(kind: str) -> BuildResult:
 class Builder(Protocol):
     """Compiles candidates of a task into libraries a Runner can load.
 
-    Contract: `submit(task, indices)` returns at once one future per index, in order, each
-    resolving to that candidate's BuildResult as soon as it is built (in any order), never to an
-    exception for a candidate's failure (compile error, invalid config, timeout, crash: each is
-    a BuildResult with its status); a future cancelled before its build starts is never built.
-    `build` waits for them all. Candidates are built in the
-    order they were submitted, `workers` at a time. Thread-safe; `close()` releases its
+    Contract: `start(task, indices)` starts building them and returns at once one future per
+    index, in order, each resolving to that candidate's BuildResult as soon as it is built (in any
+    order), never to an exception for a candidate's failure (compile error, invalid config,
+    timeout, crash: each is a BuildResult with its status); a future cancelled before its build
+    starts is never built. `build` waits for them all. Candidates are built in the order they
+    were started, `workers` at a time. Thread-safe; `close()` releases its
     processes and artifacts.
     """
 
@@ -152,7 +152,7 @@ class Builder(Protocol):
         """Start what building `kind` kernels needs (processes, imports, compilers) in the
         background; returns at once."""
 
-    def submit(self, task: Task, indices: list[int]) -> list[cf.Future[BuildResult]]: ...
+    def start(self, task: Task, indices: list[int]) -> list[cf.Future[BuildResult]]: ...
 
     def build(self, task: Task, indices: list[int]) -> list[BuildResult]: ...
 
@@ -255,7 +255,7 @@ class ProcessPoolBuilder:
                 thread.start()
                 self._slots.append(thread)
 
-    def submit(self, task: Task, indices: list[int]) -> list[cf.Future[BuildResult]]:
+    def start(self, task: Task, indices: list[int]) -> list[cf.Future[BuildResult]]:
         self._start_slots()
         task_json = json.dumps(task.to_json(), sort_keys=True)
         futures: list[cf.Future[BuildResult]] = []
@@ -265,7 +265,7 @@ class ProcessPoolBuilder:
         return futures
 
     def build(self, task: Task, indices: list[int]) -> list[BuildResult]:
-        return [f.result() for f in self.submit(task, indices)]
+        return [f.result() for f in self.start(task, indices)]
 
     def _spawn(self, slot: int) -> tuple[BaseProcess, Connection]:
         ctx = _build_process_context(self._kind)

@@ -109,9 +109,9 @@ class LocalDevice:
         self._registered.result(timeout)
         return self
 
-    def process(self, task: Task, indices: list[int], shard: int = 0, round_: int = 0) -> list[MeasureResult]:
-        """`Worker.process` on this device."""
-        return self.worker.process(task, indices, shard, round_)
+    def build_and_measure(self, task: Task, indices: list[int], shard: int = 0, round_: int = 0) -> list[MeasureResult]:
+        """`Worker.build_and_measure` on this device."""
+        return self.worker.build_and_measure(task, indices, shard, round_)
 
     def cancel(self) -> None:
         """`Worker.cancel` on this device: its calls in flight stop."""

@@ -1,6 +1,6 @@
 """A worker: one device's builder and runner, pipelined so the device never waits.
 
-`Worker.process(task, indices)` builds the candidates in chunks (workers.builder.Builder) and
+`Worker.build_and_measure(task, indices)` builds the candidates in chunks (workers.builder.Builder) and
 measures each chunk on the device (workers.runner.Runner) while the next chunk compiles. It is
 thread-safe: two batches processed at once compile concurrently, but only one measures at a
 time (a shared device would distort both timings). The same class runs inside a Ray worker
@@ -59,7 +59,7 @@ class Worker:
                  quiet_builds: bool = False) -> None:
         """The worker owns `builder` and `runner` from now on (`close` closes them). Candidates
         compile at once; measuring waits for `ready` (its device coming up), and a `ready` that
-        failed fails every `process` call with its exception. With `quiet_builds` the builds are
+        failed fails every `build_and_measure` call with its exception. With `quiet_builds` the builds are
         stopped while a candidate is measured (see the module docstring)."""
         self.name, self.builder, self.runner, self.ready = name, builder, runner, ready
         self.quiet_builds = quiet_builds
@@ -79,12 +79,12 @@ class Worker:
                            session_timeout=config.session_timeout, on_hang=on_hang, name=config.name)
         return cls(config.name, builder, runner, ready, quiet_builds=config.kind == "llvm")
 
-    def process(self, task: Task, indices: list[int], shard: int = 0, round_: int = 0) -> list[MeasureResult]:
+    def build_and_measure(self, task: Task, indices: list[int], shard: int = 0, round_: int = 0) -> list[MeasureResult]:
         """Build and measure `indices`; one result per index, in order. Each candidate is measured
         as soon as it is built, while the others still compile. A call that `cancel` stops returns
         the results of the candidates it measured before, fewer than `indices`."""
         generation = self._generation
-        builds = self.builder.submit(task, indices)
+        builds = self.builder.start(task, indices)
         metrics.add_build_backlog(self.name, len(builds))
         for f in builds:
             f.add_done_callback(lambda _: metrics.add_build_backlog(self.name, -1))
