@@ -57,13 +57,13 @@ def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> floa
 def handed_to_writers(monkeypatch: pytest.MonkeyPatch) -> Handed:
     """Every result the tuning loop hands a ResultWriter: (task id, config index, status, latencies)."""
     handed: Handed = []
-    add = ResultWriter.record
+    record = ResultWriter.record
 
     def recording(self: ResultWriter, task_id: int, result: MeasureResult) -> None:
         handed.append((task_id, result.config_index, Status(result.status).value, tuple(result.latencies)))
-        add(self, task_id, result)
+        record(self, task_id, result)
 
-    monkeypatch.setattr(ResultWriter, "add", recording)
+    monkeypatch.setattr(ResultWriter, "record", recording)
     return handed
 
 
