@@ -49,6 +49,31 @@ def test_the_readme_links_every_page_whose_examples_run() -> None:
         assert f"]({path.relative_to(ROOT).as_posix()})" in text, f"README.md does not link {path.name}"
 
 
+INDEX = ROOT / "docs" / "benchmarks" / "README.md"
+# A figure as the Results table writes it: 13.95 µs, 7.66x, 79%, 1,000, 302.1 s.
+FIGURE = re.compile(r"\d[\d,]*(?:\.\d+)?(?:x|%)?")
+
+
+def results_rows() -> list[list[str]]:
+    """The cells of each row of the README's Results table (header and rule left out)."""
+    section = README.read_text().split("\n## Results\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line.strip().strip("|").split("|") for line in section.splitlines() if line.startswith("|")]
+    return [[cell.strip() for cell in row] for row in rows[2:]]
+
+
+def test_every_results_figure_is_in_the_benchmarks_index_and_its_report_exists() -> None:
+    """Each headline figure is stated once in the README, and docs/benchmarks/README.md, the index,
+    holds it with the same value; each row links a report that exists."""
+    index = INDEX.read_text()
+    rows = results_rows()
+    assert len(rows) >= 5, rows
+    for metric, value, _device, report in rows:
+        missing = [figure for figure in FIGURE.findall(value) if figure not in index]
+        assert not missing, f"Results row {metric[:60]!r}: {missing} not in {INDEX.relative_to(ROOT)}"
+        link = re.search(r"\]\(([^)]+)\)", report)
+        assert link and (ROOT / link[1]).is_file(), f"Results row {metric[:60]!r} links no report: {report}"
+
+
 @pytest.mark.slow
 def test_readme_examples_run_as_written(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "FARM_DB"}
