@@ -139,8 +139,6 @@ def tune(
     spec = parse_target(target)
     if export is not None:
         writable_file(export)
-    if log_dir is not None:
-        writable_folder(log_dir)
     if spec.is_gpu:
         gpus = gpu_count()
         if gpus == 0:
@@ -150,7 +148,7 @@ def tune(
     workers = workers or 1
     options = {"search": search, "workers": workers, "seed": seed, "batch_size": batch_size}
     JobRequest.build([wl], target, trials, **options)
-    with Client(db, in_process=True, log_dir=log_dir) as client:
+    with Client(db, in_process=True, log_dir=log_dir) as client:  # FarmError for a log folder it cannot write
         client.prepare(spec, workers)  # Ray and the workers start while the job is stored
         import_tvm()  # before the job's thread could (its cost model reads kernels): see farm.core.tvm_import
         job = client.submit([wl], target, trials, **options)
