@@ -43,7 +43,8 @@ DbOption = Annotated[str | None, typer.Option(
 
 KernelArg = Annotated[list[str], typer.Argument(
     metavar="WORKLOAD [KEY=VALUE ...]", help="A workload or preset (see `farm workloads`), then its parameters "
-    "as key=value, e.g. conv2d_nchw N=1 CI=256 H=14 W=14 CO=256 KH=3 KW=3 pad=1.")]
+    "as key=value, e.g. conv2d_nchw N=1 CI=256 H=14 W=14 CO=256 KH=3 KW=3 pad=1; or a TVMScript file of any "
+    "TIR kernel, kernel.py (one @T.prim_func) or kernels.py:NAME.")]
 TargetOpt = Annotated[str, typer.Option(help='llvm, cuda, or a JSON target like \'{"kind":"cuda","arch":"sm_80"}\'.')]
 
 
@@ -197,12 +198,17 @@ def submit(
 
 def _one_workload(words: list[str]) -> Workload:
     """`name k=v k=v` (one workload) as a Workload; FarmError for anything else."""
+    from farm.core.tir import is_script, tir_from_file
     from farm.core.workloads import make_workload, parse_assignments
 
     name, *params = words
     bad = [word for word in params if "=" not in word]
     if bad:
         raise FarmError(f"parameter {bad[0]!r} must look like key=value (this command takes one workload)")
+    if is_script(name):
+        if params:
+            raise FarmError(f"a TIR kernel ({name}) takes no parameters: its shapes are in its TVMScript")
+        return tir_from_file(name)
     return make_workload(name, parse_assignments(params))
 
 
@@ -218,7 +224,17 @@ def _parse_workloads(words: list[str]) -> list[Any]:
             groups[-1][1].append(word)
         else:
             groups.append((word, []))
-    return [(name, parse_assignments(params)) for name, params in groups]
+    from farm.core.tir import is_script, tir_from_file
+
+    out: list[Any] = []
+    for name, params in groups:
+        if is_script(name):
+            if params:
+                raise FarmError(f"a TIR kernel ({name}) takes no parameters: its shapes are in its TVMScript")
+            out.append(tir_from_file(name))
+        else:
+            out.append((name, parse_assignments(params)))
+    return out
 
 
 @app.command()

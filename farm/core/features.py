@@ -35,13 +35,16 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from farm.core.space import ChoiceKnob, Knob, SplitKnob
+from farm.core.space import ChoiceKnob, Knob, SplitKnob, UnionSpace, neighbour_table
 from farm.core.task import Task
 from farm.core.workloads import Workload
+
+if TYPE_CHECKING:
+    from farm.core.design_features import DesignSpaceFeaturizer
 
 # What each position of a split means, outermost first, per template and kind of axis. Only names:
 # a template missing here (or a split of another length) gets positional names (``p0of3``...).
@@ -186,6 +189,21 @@ class Featurizer:
                     codes[i, j] = position
         return codes[fits], fits
 
+    def neighbours(self, codes: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """Each row with one knob moved to a neighbouring value (`farm.core.space.neighbour_table`)."""
+        mutable = [j for j, k in enumerate(self.knobs) if len(k) > 1]
+        moved = codes.copy()
+        if not mutable:
+            return moved
+        which = rng.choice(mutable, size=len(codes))
+        for j in mutable:
+            rows = np.nonzero(which == j)[0]
+            table, degree = neighbour_table(self.knobs[j])
+            current = codes[rows, j]
+            pick = (rng.random(len(rows)) * degree[current]).astype(np.int64)
+            moved[rows, j] = np.where(degree[current] > 0, table[current, pick], current)
+        return moved
+
     # --- features ------------------------------------------------------------------------
 
     def features(self, codes: np.ndarray) -> np.ndarray:
@@ -239,8 +257,13 @@ def _span(dim: _Dim, tile: dict[str, np.ndarray]) -> np.ndarray:
 
 
 @lru_cache(maxsize=256)
-def featurizer(task: Task) -> Featurizer:
-    """The (cached) featurizer of `task`: building one analyses the workload's TE definition."""
+def featurizer(task: Task) -> Featurizer | DesignSpaceFeaturizer:
+    """The (cached) featurizer of `task`: building one analyses the workload's TE definition. A
+    MetaSchedule design space (a union of sketches) has its own (farm.core.design_features)."""
+    if isinstance(task.space, UnionSpace):
+        from farm.core.design_features import DesignSpaceFeaturizer
+
+        return DesignSpaceFeaturizer(task)
     return Featurizer(task)
 
 

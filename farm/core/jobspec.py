@@ -36,11 +36,12 @@ RPC_KEY = re.compile(r"[A-Za-z0-9._@+-]{1,200}", re.ASCII)
 
 def family_key(task: Task) -> str:
     """Tasks whose trials can train one cost model: same template at the same version, target
-    kind, workload. The version (a hash of the template's source, `Template.version`) is part of
-    it because a changed template can make other kernels of the same knob values (as real
-    cp.async did of every `pipeline` >= 2 config): trials of the old kernels would teach the
-    model latencies the new ones do not have."""
-    return f"{task.template.name}@{task.template.version}|{task.target.kind}|{task.workload.name}"
+    kind, workload family (`Workload.family`: its name, or a TIR kernel's shape-free structure).
+    The version (a hash of the template's source, `Template.version`) is part of it because a
+    changed template can make other kernels of the same knob values (as real cp.async did of
+    every `pipeline` >= 2 config): trials of the old kernels would teach the model latencies the
+    new ones do not have."""
+    return f"{task.template.name}@{task.template.version}|{task.target.kind}|{task.workload.family}"
 
 
 @dataclass
@@ -138,6 +139,10 @@ def _sequence(value: Any, what: str, limit: int) -> Sequence[Any]:
 def _workload(item: Any) -> Workload:
     if isinstance(item, Workload):
         return item
+    if type(item).__name__ in ("PrimFunc", "IRModule"):  # any TIR kernel (TVM is imported if so)
+        from farm.core.tir import tir_workload
+
+        return tir_workload(item)
     if isinstance(item, str):
         return make_workload(item)
     if isinstance(item, list | tuple) and len(item) == 2 and isinstance(item[1], Mapping):

@@ -24,15 +24,14 @@ import random
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from functools import lru_cache
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from farm.core.errors import FarmError
-from farm.core.features import Featurizer, featurizer
+from farm.core.features import featurizer
 from farm.core.measure import MeasureResult
-from farm.core.space import Config, Knob, KnobValue, Shard, SplitKnob
+from farm.core.space import Config, KnobValue, Shard
 from farm.core.task import Task
 
 if TYPE_CHECKING:
@@ -285,7 +284,7 @@ class XGBSearch(RandomSearch):
         self._origins: dict[int, str] = {}  # "explore" or "plan" per config proposed with a model
 
     @property
-    def features(self) -> Featurizer:
+    def features(self) -> Any:  # a Featurizer, or a DesignSpaceFeaturizer
         return featurizer(self.task)
 
     def set_model(self, model: CostModel | None) -> None:
@@ -419,7 +418,9 @@ class XGBSearch(RandomSearch):
             gain = moved_scores - scores
             accept = (gain >= 0) | (self._np.random(len(codes)) < np.exp(np.minimum(gain, 0) / max(t, 1e-9)))
             for row in np.nonzero(accept)[0]:
-                if not self._is_valid(int(moved_indices[row])):
+                # The template's cheap necessary condition: a full check of every step of every
+                # chain would cost seconds where it replays the config (design spaces).
+                if self.task.precheck(self.task.space.get(int(moved_indices[row]))) is not None:
                     accept[row] = False
             codes[accept], scores[accept] = moved[accept], moved_scores[accept]
         indices = np.concatenate(visited)
@@ -439,19 +440,9 @@ class XGBSearch(RandomSearch):
         return self.features.codes(indices)
 
     def _neighbours(self, codes: np.ndarray) -> np.ndarray:
-        """Each row with one knob moved to a neighbouring value, then moved back into the shard."""
+        """Each row moved one step (`Featurizer.neighbours`), then moved back into the shard."""
         feats = self.features
-        mutable = [j for j, k in enumerate(feats.knobs) if len(k) > 1]
-        moved = codes.copy()
-        if not mutable:
-            return moved
-        which = self._np.choice(mutable, size=len(codes))
-        for j in mutable:
-            rows = np.nonzero(which == j)[0]
-            table, degree = _neighbour_table(feats.knobs[j])
-            current = codes[rows, j]
-            pick = (self._np.random(len(rows)) * degree[current]).astype(np.int64)
-            moved[rows, j] = table[current, pick]
+        moved = feats.neighbours(codes, self._np)
         if self.shard.count == 1:
             return moved
         indices = feats.indices(moved)
@@ -486,48 +477,6 @@ class XGBSearch(RandomSearch):
             picked.append(k)
             penalty += spread * ((codes != codes[k]).sum(axis=1) < self.min_distance)
         return [pool[k] for k in picked]
-
-
-@lru_cache(maxsize=1024)
-def _neighbour_table(knob: Knob) -> tuple[np.ndarray, np.ndarray]:
-    """(table, degree): row v lists the value positions one move away from value v, padded;
-    degree[v] is how many there are. A split's move takes one prime factor from one position to
-    another (product kept); a choice may move to any other value."""
-    if not isinstance(knob, SplitKnob):
-        size = len(knob)
-        table = np.array([[w for w in range(size) if w != v] for v in range(size)], dtype=np.int64)
-        return table.reshape(size, max(size - 1, 0)), np.full(size, size - 1, dtype=np.int64)
-    rows: list[list[int]] = []
-    for value in knob.values:
-        found: set[int] = set()
-        for src, factor in enumerate(value):
-            for p in _primes(factor):
-                for dst in range(knob.parts):
-                    if dst != src:
-                        moved = list(value)
-                        moved[src] //= p
-                        moved[dst] *= p
-                        found.add(knob.index(tuple(moved)))
-        rows.append(sorted(found))
-    width = max(1, max(len(r) for r in rows))
-    table = np.zeros((len(rows), width), dtype=np.int64)
-    for v, r in enumerate(rows):
-        table[v, : len(r)] = r
-    return table, np.array([len(r) for r in rows], dtype=np.int64)
-
-
-def _primes(n: int) -> list[int]:
-    """The distinct prime factors of n."""
-    out, d = [], 2
-    while d * d <= n:
-        if n % d == 0:
-            out.append(d)
-            while n % d == 0:
-                n //= d
-        d += 1
-    if n > 1:
-        out.append(n)
-    return out
 
 
 STRATEGIES: dict[str, type[SearchStrategy]] = {s.name: s for s in (RandomSearch, GridSearch, XGBSearch)}

@@ -11,12 +11,15 @@ Validity constraints (threads per block, shared memory, vthreads) are the templa
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Any
+
+import numpy as np
 
 from farm.core.errors import FarmError, brief
 
@@ -136,6 +139,29 @@ class SplitKnob(Knob):
 
     def describe(self) -> str:
         return f"split {self.extent} into {self.parts} factors"
+
+
+class TileKnob(SplitKnob):
+    """A split as MetaSchedule samples one (`SamplePerfectTile`, `SamplePartitionedTile`): the
+    factorizations of `extent` into `parts` whose innermost factor is at most `max_innermost`
+    (None: any) and whose factors from `partition` on multiply to a multiple of `multiple`."""
+
+    def __init__(self, name: str, extent: int, parts: int, max_innermost: int | None = None,
+                 partition: int = 0, multiple: int = 1) -> None:
+        super().__init__(name, extent, parts)
+        self.max_innermost, self.partition, self.multiple = max_innermost, partition, multiple
+        self.count = len(self.values)
+
+    @cached_property
+    def values(self) -> list[tuple[int, ...]]:
+        return [f for f in factorizations(self.extent, self.parts)
+                if (self.max_innermost is None or f[-1] <= self.max_innermost)
+                and math.prod(f[self.partition:]) % self.multiple == 0]
+
+    def describe(self) -> str:
+        bound = f", innermost <= {self.max_innermost}" if self.max_innermost is not None else ""
+        multiple = f", parts {self.partition}.. a multiple of {self.multiple}" if self.multiple > 1 else ""
+        return f"split {self.extent} into {self.parts} factors{bound}{multiple}"
 
 
 class ChoiceKnob(Knob):
@@ -276,3 +302,84 @@ class Shard:
 
     def __iter__(self) -> Iterator[int]:
         return iter(range(self.number, self.space.size, self.count))
+
+
+class UnionSpace(ConfigSpace):
+    """The disjoint union of `parts`, each a ConfigSpace: part 0's configs are numbered first, then
+    part 1's, and so on. A config names its part with the knob `part_knob`, then gives that part's
+    knobs (parts may use the same knob names for different things)."""
+
+    def __init__(self, parts: Sequence[ConfigSpace], part_knob: str) -> None:
+        """FarmError if the union has more than MAX_SPACE_SIZE configs."""
+        if not parts:
+            raise ValueError("a union of no spaces")
+        self.parts, self.part_knob = list(parts), part_knob
+        self.offsets = [0]
+        for part in self.parts:
+            self.offsets.append(self.offsets[-1] + part.size)
+        self.size = self.offsets[-1]
+        if self.size > MAX_SPACE_SIZE:
+            raise FarmError(f"the config space has {self.size:.3e} configs, more than the farm's bound of "
+                            f"2^62 (config indices are 64-bit integers)")
+        # Every knob name once (the first part's knob of a name standing for all): what generic
+        # code asks of a space's knobs is whether one of a name exists.
+        knobs: dict[str, Knob] = {part_knob: ChoiceKnob(part_knob, list(range(len(self.parts))))}
+        for part in self.parts:
+            for knob in part.knobs:
+                knobs.setdefault(knob.name, knob)
+        self.knobs = list(knobs.values())
+        self._by_name = knobs
+
+    def part_of(self, index: int) -> int:
+        """The part config `index` belongs to."""
+        return bisect.bisect_right(self.offsets, index) - 1
+
+    def get(self, index: int) -> Config:
+        if not 0 <= index < self.size:
+            raise FarmError(f"config index {index} is outside the space [0, {self.size})")
+        part = self.part_of(index)
+        local = self.parts[part].get(index - self.offsets[part])
+        return Config(index, ((self.part_knob, part), *local.values))
+
+    def index(self, values: Mapping[str, KnobValue]) -> int:
+        part = values.get(self.part_knob)
+        if not isinstance(part, int) or isinstance(part, bool) or not 0 <= part < len(self.parts):
+            raise FarmError(f"config does not fit the space: {self.part_knob} must be an integer in "
+                            f"[0, {len(self.parts)}), got {brief(part)}")
+        rest = {k: v for k, v in values.items() if k != self.part_knob}
+        return self.offsets[part] + self.parts[part].index(rest)
+
+    def describe(self) -> list[dict[str, Any]]:
+        return [{"knob": f"{self.part_knob} {i}: {k['knob']}", "size": k["size"], "kind": k["kind"]}
+                for i, part in enumerate(self.parts) for k in part.describe()]
+
+
+@lru_cache(maxsize=1024)
+def neighbour_table(knob: Knob) -> tuple[np.ndarray, np.ndarray]:
+    """(table, degree): row v lists the value positions one move away from value v, padded;
+    degree[v] is how many there are. A split's move takes one prime factor from one position to
+    another (product kept; a move out of a TileKnob's values is none); a choice may move to any
+    other value."""
+    if not isinstance(knob, SplitKnob):
+        size = len(knob)
+        table = np.array([[w for w in range(size) if w != v] for v in range(size)], dtype=np.int64)
+        return table.reshape(size, max(size - 1, 0)), np.full(size, size - 1, dtype=np.int64)
+    positions = knob._positions
+    rows: list[list[int]] = []
+    for value in knob.values:
+        found: set[int] = set()
+        for src, factor in enumerate(value):
+            for p in prime_factors(factor):
+                for dst in range(knob.parts):
+                    if dst != src:
+                        moved = list(value)
+                        moved[src] //= p
+                        moved[dst] *= p
+                        if (position := positions.get(tuple(moved))) is not None:
+                            found.add(position)
+        rows.append(sorted(found))
+    width = max(1, max((len(r) for r in rows), default=1))
+    table = np.zeros((len(rows), width), dtype=np.int64)
+    for v, r in enumerate(rows):
+        table[v, : len(r)] = r
+    return table, np.array([len(r) for r in rows], dtype=np.int64)

@@ -40,6 +40,10 @@ class Task:
         """None if the config passes the template's pre-build validity check, else why not."""
         return self.template.check(self.workload, self.target, config)
 
+    def precheck(self, config: Config) -> str | None:
+        """The template's cheap necessary condition of `check` (`Template.precheck`)."""
+        return self.template.precheck(self.workload, self.target, config)
+
     def schedule(self, config: Config) -> Any:
         return self.template.schedule(self.workload, self.target, config)
 

@@ -136,6 +136,11 @@ class Workload:
         return {"name": self.name, "params": self.p}
 
     @property
+    def family(self) -> str:
+        """What workloads one cost model learns together (farm.core.jobspec.family_key): the name."""
+        return self.name
+
+    @property
     def dtype(self) -> str:
         return self.p["dtype"]
 
@@ -565,6 +570,10 @@ def make_workload(name: str, params: Mapping[str, Any] | None = None) -> Workloa
         raise FarmError(f"{brief(name)}: parameters must be a dict of name: value, got {brief(params)}")
     if not all(isinstance(key, str) for key in params or {}):
         raise FarmError(f"{brief(name)}: parameter names must be strings, got {brief(list(params or {}))}")
+    if name == "tir":  # any PrimFunc, its IR in its parameters (farm.core.tir)
+        from farm.core.tir import tir_from_params
+
+        return tir_from_params(dict(params or {}))
     overrides = dict(params or {})
     if name in PRESETS:
         name, base, _ = PRESETS[name]

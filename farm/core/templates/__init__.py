@@ -10,13 +10,15 @@ from farm.core.templates.cuda_pool import CudaPool
 from farm.core.templates.cuda_tensorcore import CudaTensorCore
 from farm.core.templates.cuda_tiled import CudaTiled
 from farm.core.templates.cuda_wgmma import CudaWgmma
+from farm.core.templates.design_space import CudaDesignSpace, LlvmDesignSpace
 from farm.core.templates.llvm_tiled import LlvmTiled
 from farm.core.workloads import Workload
 
 # In order of preference: the first that applies to a workload schedules it (tensor cores, where
 # the dtype, shape and arch allow them, before CUDA cores; Hopper's wgmma where the target is
 # sm_90a, before WMMA).
-TEMPLATES: list[Template] = [CudaWgmma(), CudaTensorCore(), CudaTiled(), CudaDepthwise(), CudaPool(), LlvmTiled()]
+TEMPLATES: list[Template] = [CudaWgmma(), CudaTensorCore(), CudaTiled(), CudaDepthwise(), CudaPool(), LlvmTiled(),
+                             CudaDesignSpace(), LlvmDesignSpace()]
 
 
 def get_template(workload: Workload, target: TargetSpec | str) -> Template:

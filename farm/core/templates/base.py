@@ -57,6 +57,11 @@ class Template(ABC):
         """None if `config` may run on `target`, else why not (checked before building)."""
         return None
 
+    def precheck(self, wl: Workload, target: TargetSpec, config: Config) -> str | None:
+        """A necessary condition of `check`, cheap enough for every step of a search's annealing
+        (microseconds); `check` itself unless the template's check is costly."""
+        return self.check(wl, target, config)
+
     @abstractmethod
     def schedule(self, wl: Workload, target: TargetSpec, config: Config) -> Any:
         """The `tvm.s_tir.Schedule` of `wl` with `config` applied."""
