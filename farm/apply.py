@@ -25,7 +25,7 @@ from workers.compiler import compile_module
 def _matches(rec: dict[str, Any], task: Task) -> bool:
     target = parse_target(rec["target"])
     same_device = target.kind == task.target.kind and (not target.is_gpu or target.arch == task.target.arch)
-    return same_device and make_workload(rec["workload"]["name"], rec["workload"]["params"]) == task.workload
+    return same_device and make_workload(rec["workload"]["name"], rec["workload"]["params"]).key == task.workload.key
 
 
 def best_config(task: Task, best: str | Path | dict[str, Any] | None, allow_stale: bool = False) -> Config | None:

@@ -18,6 +18,7 @@ from typer.core import TyperCommand
 from deploy.cluster import cluster_app
 from farm.core.errors import FarmError
 from farm.core.files import replacing, writable_file, writable_folder
+from farm.core.workloads import workload_label
 from farm.progress import format_latency, make_console
 
 if TYPE_CHECKING:
@@ -347,7 +348,7 @@ def status(
         out.print(f"  error: {doc['error']}")
     for task in doc["tasks"]:
         counts = ", ".join(f"{k} {v}" for k, v in sorted(task["counts"].items())) or "no trials yet"
-        out.print(f"  task {task['id']} {task['workload']['name']} {task['workload']['params']}: "
+        out.print(f"  task {task['id']} {workload_label(task['workload'])}: "
                   f"{task['trials']}/{task['budget']} trials ({counts}), best {format_latency(task['best_latency'])}, "
                   f"{len(task['rounds'])} rounds")
     out.print(f"  {job_pace.summary()}", markup=False, highlight=False)
@@ -587,7 +588,7 @@ def _report_best(job: Job, export: Path | None) -> None:
         console.print(f"job {job.id}: no candidate ran correctly; see `farm trials {job.id}`")
         raise typer.Exit(1)
     for rec in records:
-        out.print(f"best for {rec['workload']['name']} on {rec['device']}: "
+        out.print(f"best for {workload_label(rec['workload'], params=False)} on {rec['device']}: "
                   f"{rec['latency_us']:.2f} µs ({rec['gflops']:.1f} GFLOPS)", markup=False)
         out.print(f"  config {json.dumps(rec['config'], sort_keys=True)}", markup=False)
     for t in job.status()["tasks"]:

@@ -26,6 +26,8 @@ from rich.console import Console, RenderableType
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
+from farm.core.workloads import workload_label
+
 SCHEDULER_LOGGER = "farm.scheduler"
 # A start-up step goes to the listeners with whether logging's own handlers show it too.
 StepListener = Callable[[str, bool], None]
@@ -180,8 +182,8 @@ class JobProgress:
         if self._bars is not None:
             for task in job["tasks"]:
                 if task["id"] not in self._ids:
-                    self._ids[task["id"]] = self._bars.add_task(task["workload"]["name"], total=task["budget"],
-                                                                ok=0, best="-")
+                    self._ids[task["id"]] = self._bars.add_task(
+                        workload_label(task["workload"], params=False), total=task["budget"], ok=0, best="-")
                 self._bars.update(self._ids[task["id"]], completed=task["trials"],
                                   ok=task["counts"].get("ok", 0), best=format_latency(task["best_latency"]))
         elif time.monotonic() - self._last_line >= self.every:
@@ -194,7 +196,7 @@ class JobProgress:
     def _print_lines(self, job: dict[str, Any]) -> None:
         self._last_line = time.monotonic()
         for task in job["tasks"]:
-            self.console.print(f"job {job['id']} task {task['id']} {task['workload']['name']}: "
+            self.console.print(f"job {job['id']} task {task['id']} {workload_label(task['workload'], params=False)}: "
                                f"{task['trials']}/{task['budget']} trials, ok {task['counts'].get('ok', 0)}, "
                                f"best {format_latency(task['best_latency'])}", markup=False, highlight=False,
                                soft_wrap=True)

@@ -37,6 +37,7 @@ import pandas as pd
 from db.store import ResultStore
 from farm.core.errors import FarmError
 from farm.core.files import replacing, writable_file
+from farm.core.workloads import workload_label
 from farm.progress import format_seconds
 
 
@@ -70,8 +71,10 @@ def _job(store: ResultStore, job_id: int) -> dict[str, Any]:
 
 
 def _workload(task: dict[str, Any]) -> str:
-    params = ",".join(f"{k}={v}" for k, v in task["workload"]["params"].items() if k != "dtype")
-    return f"{task['workload']['name']}({params}) on {task['target_kind']}"
+    doc = task["workload"]
+    if doc["name"] != "tir":
+        doc = {**doc, "params": {k: v for k, v in doc["params"].items() if k != "dtype"}}
+    return f"{workload_label(doc)} on {task['target_kind']}"
 
 
 def tuning_curves(store: ResultStore, job_ids: list[int]) -> list[Curve]:

@@ -28,6 +28,7 @@ from rich.text import Text
 from db.engine import display_url
 from db.store import ResultStore
 from farm.core.errors import FarmError
+from farm.core.workloads import workload_label
 from farm.progress import format_latency, format_seconds
 from farm.report import RECENT_SECONDS, Pace, WorkerActivity, pace, worker_activity
 
@@ -71,7 +72,8 @@ def render(snap: Snapshot) -> Group:
         jobs.add_column(column, no_wrap=column != "workloads",
                         justify="right" if column.startswith(("trials", "ETA")) else "left")
     for doc, job_pace in snap.jobs:
-        jobs.add_row(str(doc["id"]), doc["status"], ", ".join(t["workload"]["name"] for t in doc["tasks"]),
+        kernels = ", ".join(workload_label(t["workload"], params=False) for t in doc["tasks"])
+        jobs.add_row(str(doc["id"]), doc["status"], kernels,
                      f"{doc['trials']}/{doc['trials_budget']}", _rate(job_pace.recent_rate),
                      _rate(job_pace.throughput), ", ".join(format_latency(t["best_latency"]) for t in doc["tasks"]),
                      job_pace.eta())

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import random
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -39,6 +40,10 @@ if TYPE_CHECKING:
 
 # Random proposals that fail the validity check before a shard counts as exhausted.
 _MAX_REJECTS = 20_000
+# Checking the best-scored candidates of a plan stops once the plan is full and this long was spent:
+# a design space's check replays the config (about 10 ms), and most of a GPU design space's configs
+# are invalid, so filling the diversity pool (8 plans' worth) could take a minute.
+PLAN_CHECK_SECONDS = 1.0
 # Knob values that make a candidate compile quickly, which the model-guided search keeps to until
 # it has a model: those first proposals are unguided (nothing yet says an unrolled config will be
 # faster), and the devices wait for their builds. Unrolling is what makes a build slow, and every
@@ -331,8 +336,10 @@ class XGBSearch(RandomSearch):
         return self.late_eps if self.late and len(self._measured) >= self.late else self.epsilon
 
     def _explore(self, n: int) -> list[int]:
-        """`n` exploratory configs: each the best-scored of `screen` unseen valid configs of the
-        shard drawn uniformly (with `screen` 1, uniform picks). Those not picked stay unseen. Uniform
+        """`n` exploratory configs: each the best-scored valid one of `screen` unseen configs of the
+        shard drawn uniformly among those passing the template's cheap `precheck` (with `screen`
+        1, uniform picks); a group's configs are checked in full best-first, so a costly check
+        (a design space's replay) runs about once per group. Those not picked stay unseen. Uniform
         picks make up what the draws cannot (a shard nearly measured, or few valid configs)."""
         out: list[int] = []
         if self.screen > 1:
@@ -343,16 +350,19 @@ class XGBSearch(RandomSearch):
                     index = self.shard.index(position)
                     if index not in self.seen and index not in drawn:
                         drawn.add(index)
-                        if self._is_valid(index):
+                        if self.task.precheck(self.task.space.get(index)) is None:
                             pool.append(index)
                 if len(pool) >= n * self.screen:
                     break
             groups = min(n, len(pool) // self.screen)
             if groups:
                 pool = pool[: groups * self.screen]
-                scores = self._score(self.features.codes(np.array(pool, dtype=np.int64)))
-                best = scores.reshape(groups, self.screen).argmax(axis=1)
-                out = [pool[g * self.screen + int(b)] for g, b in enumerate(best)]
+                scores = self._score(self.features.codes(np.array(pool, dtype=np.int64))).reshape(groups, self.screen)
+                for g in range(groups):
+                    for member in np.argsort(-scores[g], kind="stable").tolist():
+                        if self._is_valid(pool[g * self.screen + member]):
+                            out.append(pool[g * self.screen + member])
+                            break
                 self.seen.update(out)
         if len(out) < n:
             out += super().propose(n - len(out))
@@ -367,11 +377,12 @@ class XGBSearch(RandomSearch):
         order = np.argsort(-scores, kind="stable")
         pool: list[int] = []
         pool_scores: list[float] = []
+        deadline = time.monotonic() + PLAN_CHECK_SECONDS
         for i, score in zip(indices[order].tolist(), scores[order].tolist(), strict=True):
             if i not in self.seen and self._is_valid(i):
                 pool.append(i)
                 pool_scores.append(score)  # each config's own score: invalid or seen ones were skipped
-                if len(pool) >= 8 * size:
+                if len(pool) >= 8 * size or (len(pool) >= size and time.monotonic() > deadline):
                     break
         return self._pick_diverse(pool, np.array(pool_scores, dtype=np.float64), size, float(np.std(scores)))
 

@@ -623,6 +623,18 @@ def parse_assignments(items: list[str]) -> dict[str, str]:
     return out
 
 
+def workload_label(doc: Mapping[str, Any], params: bool = True) -> str:
+    """A workload as people read it, from its JSON (`Workload.to_json`), without TVM: a TIR
+    kernel as ``tir:NAME@HASH`` (its IR left out), another as its name, with ``(k=v, ...)`` when
+    `params`."""
+    p = doc.get("params", {})
+    if doc.get("name") == "tir":
+        return f"tir:{p.get('func')}@{str(p.get('hash'))[:10]}"
+    if not params:
+        return str(doc.get("name"))
+    return f"{doc.get('name')}({','.join(f'{k}={v}' for k, v in p.items())})"
+
+
 def workload_from_json(doc: Mapping[str, Any]) -> Workload:
     """Inverse of `Workload.to_json`, validating again."""
     if not isinstance(doc, Mapping) or not isinstance(doc.get("name"), str) \

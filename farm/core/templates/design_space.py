@@ -181,9 +181,10 @@ class DesignSpace:
                 return None, f"sketch {sketch} does not replay: {one_line(e)}"
             if trouble:
                 return None, trouble[0]
-            got = [inst for inst in sch.trace.insts if inst.kind.name in SAMPLING]
+            replayed = sch.trace
+            got = [inst for inst in replayed.insts if inst.kind.name in SAMPLING]
             for slot, inst, want in zip(slots, got, wanted, strict=True):
-                have = _plain(sch.trace.decisions[inst])
+                have = _plain(replayed.decisions[inst])
                 if have != want:
                     return None, f"{slot.knob.name}={config[slot.knob.name]} is not valid here (TVM would take {have})"
             sch.enter_postproc()
