@@ -34,16 +34,26 @@ from farm.client import Client
 from farm.core.host import cpu_model
 from farm.core.measure import MeasureResult, Status
 from farm.core.task import Task
-from farm.core.workloads import Workload
+from farm.core.tir import is_script, tir_from_file
+from farm.core.workloads import Workload, make_workload
 from scheduler.local_pool import LocalWorkerPool
 from workers.device import LocalDevice
 
 
 def add_workload_arguments(parser: argparse.ArgumentParser, target: str = "cuda") -> None:
     """The options every farm-run benchmark takes: --workload, --params, --target."""
-    parser.add_argument("--workload", default="resnet-last-conv", help="workload or preset name")
+    parser.add_argument("--workload", default="resnet-last-conv",
+                        help="workload or preset name, or a TVMScript file of a TIR kernel (bench/kernels/*.py)")
     parser.add_argument("--params", nargs="*", default=[], help="key=value workload parameters")
     parser.add_argument("--target", default=target)
+
+
+def resolve_workload(name: str, params: Sequence[str]) -> Workload:
+    """The workload `--workload` and `--params` name: a TVMScript file (FILE.py), or a workload or
+    preset with key=value parameters."""
+    if is_script(name):
+        return tir_from_file(name)
+    return make_workload(name, dict(p.split("=", 1) for p in params) or None)
 
 
 def spread(values: Sequence[float]) -> str:

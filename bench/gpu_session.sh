@@ -86,7 +86,7 @@ if [ -n "${KERNEL_CONFIGS:-}" ]; then
   for config in "${given[@]}"; do configs+=("--config=$config"); done
 fi
 # A case's name in file names: "matmul M=64 N=64" -> "matmul-M64-N64".
-case_name() { tr -d '=' <<< "$1" | tr ' ' '-'; }
+case_name() { tr -d '=' <<< "$1" | tr ' /' '--'; }
 step() { local name=$1 limit=$2; shift 2; echo "== $name"; local t0=$SECONDS
   timeout "$limit" "$@" > >(tee "$OUT/$name.log") 2>&1; echo "== $name: exit $? in $((SECONDS - t0)) s"; }
 # bench/farm_search.py per case of CASES (;-separated) as step PREFIX-CASE, with farm_search's OPTIONS.

@@ -40,11 +40,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from costmodel_common import add_workload_arguments, farm_curve, farm_tune, machine, spread, timed
+from costmodel_common import add_workload_arguments, farm_curve, farm_tune, machine, resolve_workload, spread, timed
 
 from farm.core.host import usable_cores
 from farm.core.targets import parse_target
-from farm.core.workloads import Workload, make_workload
+from farm.core.workloads import Workload
 from farm.report import Curve, best_so_far, plot_curves
 from workers.worker import BUILD_TIMEOUT_S
 
@@ -59,10 +59,9 @@ FAILED_WARNING = 0.25
 def run_metaschedule(workload: Workload, target: str, trials: int, work_dir: Path, seed: int) -> None:
     """Child process: stock ms.tune_tir into `work_dir`; writes work_dir/tune.json (its seconds)."""
     import tvm
-    from tvm import te
     from tvm.s_tir import meta_schedule as ms
 
-    mod = tvm.IRModule({"main": te.create_prim_func(workload.build_te())})
+    mod = tvm.IRModule({"main": workload.prim_func()})
     # Its default builder starts one process per core of the machine (psutil), whatever this
     # process may use; sized like the farm's build slots instead, by the cores it may run on (the
     # same number on a machine of its own). Its builds get the farm's build timeout, not its
@@ -218,8 +217,7 @@ def main() -> None:
         merged = merge(args.merge, args.device)
         args.json.write_text(json.dumps(merged, indent=1))
         return
-    params = dict(p.split("=", 1) for p in args.params)
-    workload = make_workload(args.workload, params or None)
+    workload = resolve_workload(args.workload, args.params)
     if args.run_metaschedule:
         run_metaschedule(workload, args.target, args.trials, args.run_metaschedule, args.seed)
         return

@@ -38,6 +38,9 @@ from farm.core.templates.base import compile_scheduled
 
 # nvcc's ptxas report: "Used 72 registers, used 1 barriers, 2368 bytes smem"
 _PTXAS_USAGE = re.compile(r"Used (\d+) registers")
+_PTXAS_ENTRY = re.compile(r"Compiling entry function '([^']+)'")
+# A kernel's declaration in TVM's CUDA source: extern "C" __global__ void __launch_bounds__(128) main_kernel(
+_LAUNCH_BOUNDS = re.compile(r"__launch_bounds__\((\d+)\)\s+(\w+)\s*\(")
 _PTXAS_SPILL = re.compile(r"(\d+) bytes spill stores")
 
 
@@ -189,16 +192,19 @@ def _compile_device_code(lib: Any, target: TargetSpec, stem: Path, result: Build
         result.status = Status.BUILD_ERROR
         result.error = "nvcc: " + _first_error(done.stderr)
         return
-    registers = max((int(m) for m in _PTXAS_USAGE.findall(done.stderr)), default=0)
+    registers, threads = _registers_per_kernel(done.stderr), _threads_per_kernel(source)
     spills = max((int(m) for m in _PTXAS_SPILL.findall(done.stderr)), default=0)
-    threads = _threads_per_block(source)
-    result.info.update(registers=registers, spill_bytes=spills, threads=threads)
-    # A launch needs registers for every thread of the block from one SM's register file.
-    if registers * threads > target.limit("registers_per_block"):
-        result.status = Status.INVALID
-        result.error = (f"{registers} registers x {threads} threads > "
-                        f"{target.limit('registers_per_block')} registers per block")
-        return
+    result.info.update(registers=max(registers.values(), default=0), spill_bytes=spills,
+                       threads=max(threads.values(), default=1))
+    # A launch needs registers for every thread of the block from one SM's register file: each
+    # kernel of the module with its own block (a design space's kernels differ).
+    for kernel, used in sorted(registers.items()):
+        block = threads.get(kernel, 1)
+        if used * block > target.limit("registers_per_block"):
+            result.status = Status.INVALID
+            result.error = (f"{used} registers x {block} threads > {target.limit('registers_per_block')} "
+                            f"registers per block" + (f" ({kernel})" if len(registers) > 1 else ""))
+            return
     if not in_library:  # the runtime gets it from the RPC server instead of compiling the source
         result.cubin = done.cubin
 
@@ -217,10 +223,22 @@ def _cuda_source(lib: Any) -> str:
     raise RuntimeError("the compiled library holds no CUDA source")
 
 
-def _threads_per_block(source: str) -> int:
-    """Threads per block from the kernel's __launch_bounds__ (TVM emits it for every kernel)."""
-    found = re.findall(r"__launch_bounds__\((\d+)\)", source)
-    return max((int(x) for x in found), default=1)
+def _threads_per_kernel(source: str) -> dict[str, int]:
+    """Threads per block of each kernel, from its __launch_bounds__ (TVM emits it for every kernel)."""
+    return {name: int(bound) for bound, name in _LAUNCH_BOUNDS.findall(source)}
+
+
+def _registers_per_kernel(stderr: str) -> dict[str, int]:
+    """Registers per thread of each kernel, from ptxas's report (-v): each "Compiling entry function
+    'NAME'" is followed by its "Used N registers"."""
+    out: dict[str, int] = {}
+    kernel = None
+    for line in stderr.splitlines():
+        if (entry := _PTXAS_ENTRY.search(line)) is not None:
+            kernel = entry.group(1)
+        elif kernel is not None and (used := _PTXAS_USAGE.search(line)) is not None:
+            out[kernel] = int(used.group(1))
+    return out
 
 
 def _first_error(stderr: str) -> str:

@@ -105,6 +105,10 @@ class TirWorkload(Workload):
 
     def flops(self) -> int:
         """TVM's estimate of the function's floating-point operations (at least 1)."""
+        return self._flops
+
+    @cached_property
+    def _flops(self) -> int:
         import tvm
         from tvm.s_tir.analysis import estimate_tir_flops
 

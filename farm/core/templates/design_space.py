@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import random
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,9 +41,33 @@ from farm.core.workloads import Workload
 SKETCH = "sketch"
 # MetaSchedule's random state when it makes the sketches (any fixed value: every process must make the same).
 DESIGN_SEED = 1
+# Lowered random configs beyond the unknowns that a sketch's shared-memory fit must reproduce exactly.
+FIT_PROBES = 12
 # Checks remembered per design space (a few MB), so that a search asking again pays nothing.
 MAX_VERDICTS = 100_000
 SAMPLING = ("SamplePerfectTile", "SamplePartitionedTile", "SampleCategorical", "SampleComputeLocation")
+
+
+@dataclass(frozen=True)
+class _Buffer:
+    """A shared buffer's elements: `scale` times the product of tile factors (slot, position) to
+    their exponents; `itemsize` bytes each."""
+
+    scale: float
+    factors: tuple[tuple[int, int, int], ...]
+    itemsize: int
+
+
+@dataclass(frozen=True)
+class _Kernel:
+    """One kernel's shared buffers, as functions of a sketch's decisions."""
+
+    name: str
+    buffers: tuple[_Buffer, ...]
+
+    def bytes(self, config: Config, slots: list[_Slot]) -> int:
+        return sum(round(b.scale * math.prod(config[slots[j].knob.name][p] ** e for j, p, e in b.factors))
+                   * b.itemsize for b in self.buffers)
 
 
 @dataclass(frozen=True)
@@ -87,6 +112,10 @@ class DesignSpace:
         self.space = UnionSpace([ConfigSpace([slot.knob for slot in slots]) for slots in self.slots], SKETCH)
         self._lock = threading.Lock()
         self._verdicts: dict[int, str | None] = {}  # config index -> `check`'s answer
+        self._target = target
+        # Per sketch: its kernels' shared memory as exact functions of the tile decisions
+        # (`_fit_footprints`), fitted when first needed; None where no exact one was found.
+        self._footprints: dict[int, list[_Kernel] | None] = {}
 
     def check(self, config: Config) -> str | None:
         """None if `config` is valid, else why not (`replay`'s answer, remembered)."""
@@ -148,13 +177,92 @@ class DesignSpace:
             extent = math.prod(config[slots[slot].knob.name][position] for slot, position in factors)
             if extent > limit:
                 return f"{extent} {axis} > {limit}"
+        if self._target.is_gpu:
+            if sketch not in self._footprints:
+                self._footprints[sketch] = self._fit_footprints(sketch)
+            limit = self._target.limit("max_shared_memory_per_block")
+            for kernel in self._footprints[sketch] or []:
+                used = kernel.bytes(config, slots)
+                if used > limit:
+                    return f"kernel {kernel.name}: {used} bytes of shared memory > {limit}"
         return None
 
-    def replay(self, config: Config) -> tuple[Any | None, str | None]:
-        """(the schedule of `config`, None), or (None, why it is invalid)."""
+    def _fit_footprints(self, sketch: int) -> list[_Kernel] | None:
+        """Each kernel's shared buffers of `sketch` as exact monomials of its tile decisions, or None.
+
+        The bytes a shared buffer gets are known only once the schedule is lowered (about 10 ms a
+        config), yet they decide most GPU configs' validity (VerifyGPUCode). For MultiLevelTiling's
+        copies of an affine access the size is a product of tile factors, so a least-squares fit of
+        log2 elements on log2 factors over `FIT_PROBES` lowered random configs, kept only when it
+        has integer exponents and reproduces every probe exactly, computes it in microseconds.
+        Where it does not (a convolution's halo), the replay alone decides."""
+        import numpy as np
+
+        slots = self.slots[sketch]
+        # A tile's outermost factor is the extent over the others: a regressor of its own would
+        # make the fit's solution one of many (and not the integer one).
+        positions = [(j, p) for j, slot in enumerate(slots) if isinstance(slot.knob, TileKnob)
+                     for p in range(1, slot.knob.parts)]
+        if not positions:
+            return None
+        rng = random.Random(DESIGN_SEED + sketch)
+        part, offset = self.space.parts[sketch], self.space.offsets[sketch]
+        rows: list[list[float]] = []
+        sizes: list[dict[tuple[str, str], tuple[int, int]]] = []
+        wanted = len(positions) + FIT_PROBES
+        for _ in range(20 * wanted):
+            if len(rows) >= wanted:
+                break
+            config = self.space.get(offset + rng.randrange(part.size))
+            # Every categorical decision at its first candidate: no unrolling (a probe's lowering of
+            # a fully unrolled kernel takes a second), the tiles, which the sizes follow, random.
+            config = self.space.get(self.space.index({k: (knob.values[0] if isinstance(knob, ChoiceKnob)
+                                                          and k.startswith("choice") else v)
+                                                      for (k, v), knob in zip(config.values, [None, *part.knobs],
+                                                                              strict=True)}))
+            found = self._shared_buffers(config)
+            if found is None:
+                continue
+            if sizes and set(found) != set(sizes[0]):
+                return None  # the kernels or their buffers change with the decisions
+            rows.append([math.log2(config[slots[j].knob.name][p]) for j, p in positions])
+            sizes.append(found)
+        if len(rows) < wanted:
+            return None
+        x = np.column_stack([np.array(rows), np.ones(len(rows))])
+        kernels: dict[str, list[_Buffer]] = {}
+        for key in sizes[0]:
+            y = np.array([math.log2(found[key][0]) for found in sizes])
+            coefficients = np.linalg.lstsq(x, y, rcond=None)[0]
+            exponents = np.round(coefficients[:-1])
+            if np.abs(x[:, :-1] @ exponents + coefficients[-1] - y).max() > 1e-6:
+                return None
+            factors = tuple((j, p, int(e)) for (j, p), e in zip(positions, exponents, strict=True) if e)
+            kernels.setdefault(key[0], []).append(
+                _Buffer(float(2 ** coefficients[-1]), factors, sizes[0][key][1]))
+        return [_Kernel(name, tuple(buffers)) for name, buffers in sorted(kernels.items())]
+
+    def _shared_buffers(self, config: Config) -> dict[tuple[str, str], tuple[int, int]] | None:
+        """{(kernel, buffer): (elements, bytes per element)} of every shared buffer of `config`'s
+        lowered kernels; None if it does not lower, or holds dynamic shared memory."""
+        from farm.core.templates.verify import lower, shared_allocations
+
+        sch, _ = self.replay(config, postprocs=[p for p in self.postprocs if type(p).__name__ != "VerifyGPUCode"],
+                             bounds=False)
+        if sch is None:
+            return None
+        try:
+            return shared_allocations(lower(sch.mod, self._target))
+        except Exception:  # a schedule TVM cannot lower: no probe
+            return None
+
+    def replay(self, config: Config, postprocs: list[Any] | None = None,
+               bounds: bool = True) -> tuple[Any | None, str | None]:
+        """(the schedule of `config`, None), or (None, why it is invalid); `postprocs`: those to
+        apply (default: all), `bounds`: whether `bound_error` decides first."""
         from tvm import s_tir
 
-        why = self.bound_error(config)
+        why = self.bound_error(config) if bounds else None
         if why is not None:
             return None, why
         sketch = config[SKETCH]
@@ -188,7 +296,7 @@ class DesignSpace:
                 if have != want:
                     return None, f"{slot.knob.name}={config[slot.knob.name]} is not valid here (TVM would take {have})"
             sch.enter_postproc()
-            for postproc in self.postprocs:
+            for postproc in self.postprocs if postprocs is None else postprocs:
                 try:
                     accepted = postproc.apply(sch)
                 except Exception as e:  # a postprocessor that raises rather than returns False

@@ -12,6 +12,8 @@ whose asynchronous copies (a `pipeline` stage, base.PIPELINE) move strided vecto
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -79,6 +81,28 @@ def verify_gpu(mod: Any, target: TargetSpec) -> str | None:
             return f"kernel {gvar.name_hint}: {reason}"
     # A kernel written in TIRx binds no loops to blockIdx: its template's `check` bounds its grid.
     return _grid_violation(mod) if tir_pipeline(mod) == "default" else None
+
+
+def shared_allocations(lowered: Any) -> dict[tuple[str, str], tuple[int, int]] | None:
+    """{(kernel, buffer): (elements, bytes per element)} of the static shared buffers of every
+    device kernel of the `lower`ed module; None if one uses dynamic shared memory."""
+    out: dict[tuple[str, str], tuple[int, int]] = {}
+    for gvar, func in lowered.functions.items():
+        for stmt in _statements(func.body):
+            buffer = getattr(stmt, "buffer", None) if type(stmt).__name__ == "AllocBuffer" else None
+            if buffer is None or not buffer.scope().startswith("shared"):
+                continue
+            if buffer.scope() != "shared":
+                return None
+            out[(gvar.name_hint, buffer.name)] = (math.prod(int(d) for d in buffer.shape), _itemsize(str(buffer.dtype)))
+    return out
+
+
+def _itemsize(dtype: str) -> int:
+    """Bytes of one element of `dtype` (``float16``, ``float32x4``; ``bool``: 1)."""
+    bits = re.search(r"\d+", dtype.split("x")[0])
+    lanes = int(dtype.split("x")[1]) if "x" in dtype else 1
+    return max(1, (int(bits.group()) if bits else 8) * lanes // 8)
 
 
 def _violation(func: Any, limits: dict[str, int]) -> str:
