@@ -198,12 +198,16 @@ def _written_params(func: Any, name: str) -> list[str]:
 
     try:
         sch = s_tir.Schedule(tvm.IRModule({"main": func}))
-        pending = list(sch.get_child_blocks(sch.get_sblock("root")))
-    except Exception as e:  # TVM's errors for a function that is not made of blocks
+    except Exception as e:  # TVM's errors for a function a schedule cannot be made of
         raise FarmError(f"TIR function {name} cannot be scheduled ({one_line(e)}); write it with T.sblock blocks, "
                         "as te.create_prim_func or Relax's LegalizeOps make it") from None
+    try:
+        pending = list(sch.get_child_blocks(sch.get_sblock("root")))
+    except Exception:  # no root block: a body of plain statements
+        pending = []
     if not pending:
-        raise FarmError(f"TIR function {name} has nothing to schedule: it holds no block")
+        raise FarmError(f"TIR function {name} has nothing to schedule: it holds no T.sblock block (write its "
+                        "computation in blocks, as te.create_prim_func or Relax's LegalizeOps make it)")
     params = {p.name for p in func.params}
     written: list[str] = []
     while pending:

@@ -1,0 +1,311 @@
+"""Any TIR PrimFunc as a workload (farm.core.tir) tuned in MetaSchedule's design spaces
+(farm.core.templates.design_space), on llvm on this machine: the space's exact domains and
+bijection, validity without repair, shards, a 2-worker job with its exact budget, the export
+applied by TVM's compile_tir and MetaScheduleApplyDatabase, and bad input."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from farm.core.design_features import DesignSpaceFeaturizer
+from farm.core.errors import FarmError
+from farm.core.space import ChoiceKnob, ConfigSpace, TileKnob, UnionSpace, factorizations
+from farm.core.targets import parse_target
+from farm.core.task import Task
+from farm.core.tir import TirWorkload, tir_from_file, tir_from_params
+from farm.core.workloads import workload_from_json
+from workers.compiler import _registers_per_kernel, _threads_per_kernel
+
+# A fused matmul + bias + ReLU and a softmax over rows, as te.create_prim_func prints them.
+MATMUL_BIAS_RELU = '''from tvm.script import tirx as T
+
+@T.prim_func(s_tir=True)
+def matmul_bias_relu(A: T.Buffer((16, 32), "float32"), B: T.Buffer((32, 16), "float32"),
+                     bias: T.Buffer((16,), "float32"), D: T.Buffer((16, 16), "float32")):
+    T.func_attr({"tirx.noalias": True})
+    C = T.sblock_alloc_buffer((16, 16))
+    for i, j, k in T.grid(16, 16, 32):
+        with T.sblock("C"):
+            v_i, v_j, v_k = T.axis.remap("SSR", [i, j, k])
+            T.reads(A[v_i, v_k], B[v_k, v_j])
+            T.writes(C[v_i, v_j])
+            with T.init():
+                C[v_i, v_j] = T.float32(0.0)
+            C[v_i, v_j] = C[v_i, v_j] + A[v_i, v_k] * B[v_k, v_j]
+    for i, j in T.grid(16, 16):
+        with T.sblock("D"):
+            v_i, v_j = T.axis.remap("SS", [i, j])
+            T.reads(C[v_i, v_j], bias[v_j])
+            T.writes(D[v_i, v_j])
+            D[v_i, v_j] = T.max(C[v_i, v_j] + bias[v_j], T.float32(0.0))
+'''
+
+SOFTMAX = '''from tvm.script import tirx as T
+
+@T.prim_func(s_tir=True)
+def softmax(X: T.Buffer((4, 32), "float32"), Y: T.Buffer((4, 32), "float32")):
+    T.func_attr({"tirx.noalias": True})
+    M = T.sblock_alloc_buffer((4,))
+    E = T.sblock_alloc_buffer((4, 32))
+    S = T.sblock_alloc_buffer((4,))
+    for i0, k in T.grid(4, 32):
+        with T.sblock("M"):
+            v_i0, v_k = T.axis.remap("SR", [i0, k])
+            T.reads(X[v_i0, v_k])
+            T.writes(M[v_i0])
+            with T.init():
+                M[v_i0] = T.float32(-3.4e38)
+            M[v_i0] = T.max(M[v_i0], X[v_i0, v_k])
+    for i0, i1 in T.grid(4, 32):
+        with T.sblock("E"):
+            v_i0, v_i1 = T.axis.remap("SS", [i0, i1])
+            T.reads(X[v_i0, v_i1], M[v_i0])
+            T.writes(E[v_i0, v_i1])
+            E[v_i0, v_i1] = T.exp(X[v_i0, v_i1] - M[v_i0])
+    for i0, k in T.grid(4, 32):
+        with T.sblock("S"):
+            v_i0, v_k = T.axis.remap("SR", [i0, k])
+            T.reads(E[v_i0, v_k])
+            T.writes(S[v_i0])
+            with T.init():
+                S[v_i0] = T.float32(0.0)
+            S[v_i0] = S[v_i0] + E[v_i0, v_k]
+    for i0, i1 in T.grid(4, 32):
+        with T.sblock("Y"):
+            v_i0, v_i1 = T.axis.remap("SS", [i0, i1])
+            T.reads(E[v_i0, v_i1], S[v_i0])
+            T.writes(Y[v_i0, v_i1])
+            Y[v_i0, v_i1] = E[v_i0, v_i1] / S[v_i0]
+'''
+
+LLVM = parse_target("llvm")
+
+
+def farm(*args: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "farm", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def kernels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("kernels")
+    out = {}
+    for name, text in (("matmul_bias_relu", MATMUL_BIAS_RELU), ("softmax", SOFTMAX)):
+        out[name] = folder / f"{name}.py"
+        out[name].write_text(text)
+    return out
+
+
+@pytest.fixture(scope="module")
+def matmul(kernels: dict[str, Path]) -> TirWorkload:
+    return tir_from_file(str(kernels["matmul_bias_relu"]))
+
+
+def test_a_tir_workload_round_trips_and_its_reference_is_the_function_itself(matmul: TirWorkload) -> None:
+    assert str(matmul).startswith("tir:matmul_bias_relu@")
+    assert matmul.input_shapes() == [(16, 32), (32, 16), (16,)] and matmul.output_shape() == (16, 16)
+    again = workload_from_json(json.loads(json.dumps(matmul.to_json())))
+    assert again == matmul and again.key == matmul.key and again.hash == matmul.hash
+    inputs = matmul.random_inputs()
+    expected = np.maximum(inputs[0].astype(np.float64) @ inputs[1] + inputs[2], 0.0)
+    np.testing.assert_allclose(matmul.reference(inputs), expected, rtol=1e-5, atol=1e-5)
+    # A workload whose IR does not hash to its hash is refused (edited by hand, another TVM).
+    with pytest.raises(FarmError, match="hashes to"):
+        tir_from_params({**matmul.p, "hash": "0" * 16})
+
+
+def test_design_space_domains_are_exact_and_index_is_a_bijection(matmul: TirWorkload) -> None:
+    task = Task(matmul, LLVM)
+    space = task.space
+    assert task.template.name == "ms.llvm" and isinstance(space, UnionSpace)
+    assert space.size == sum(math.prod(len(k) for k in part.knobs) for part in space.parts)
+    for part in space.parts:
+        for knob in part.knobs:
+            if isinstance(knob, TileKnob):  # every factorization within the innermost bound, nothing else
+                bound = knob.max_innermost or knob.extent
+                assert knob.values == [f for f in factorizations(knob.extent, knob.parts) if f[-1] <= bound]
+    rng = random.Random(0)
+    for index in [0, space.size - 1, *(rng.randrange(space.size) for _ in range(300))]:
+        config = space.get(index)
+        assert space.index(dict(config.values)) == index
+        assert space.from_json(json.loads(config.dumps())).index == index
+    with pytest.raises(FarmError):
+        space.from_json({"sketch": len(space.parts)})
+    shards = space.shards(3)
+    seen: set[int] = set()
+    for shard in shards:
+        members = set(shard)
+        assert not members & seen
+        seen |= members
+    assert seen == set(range(space.size))
+
+
+def test_invalid_decisions_are_rejected_not_repaired(matmul: TirWorkload) -> None:
+    from farm.core.space import Config
+    from farm.core.templates.design_space import design_space
+
+    task = Task(matmul, LLVM)
+    space = design_space(matmul, LLVM)
+    valid = next(c for c in (task.space.get(i) for i in range(task.space.size)) if task.check(c) is None)
+    sch = task.schedule(valid)  # a valid config replays to exactly its own decisions
+    replayed = [inst for inst in sch.trace.insts if inst.kind.name.startswith("Sample")]
+    assert len(replayed) == len(valid.values) - 1
+    # Decisions outside the domains (a tile that does not divide its loop, one of the right
+    # product whose innermost factor is over the bound): TVM's replay would change the first and
+    # take the second; the farm refuses both, and schedules neither.
+    tile = next(k for k in space.space.parts[valid["sketch"]].knobs if isinstance(k, TileKnob))
+    wrong_product = (tile.extent + 1, *[1] * (tile.parts - 1))
+    too_inner = (*[1] * (tile.parts - 1), tile.extent)
+    for value in (wrong_product, too_inner) if tile.max_innermost and tile.extent > tile.max_innermost \
+            else (wrong_product,):
+        config = Config(valid.index, tuple((k, value if k == tile.name else v) for k, v in valid.values))
+        sch, why = space.replay(config)
+        assert sch is None and why is not None and tile.name in why, why
+    assert space.replay(valid)[1] is None
+
+
+def test_features_of_a_design_space(matmul: TirWorkload) -> None:
+    task = Task(matmul, LLVM)
+    feats = DesignSpaceFeaturizer(task)
+    indices = np.random.default_rng(0).integers(0, task.space.size, size=500)
+    codes = feats.codes(indices)
+    assert (feats.indices(codes) == indices).all()
+    configs = [task.space.get(int(i)).to_json() for i in indices[:50]]
+    from_configs, fits = feats.codes_of_configs(configs)
+    assert fits.all() and (from_configs == codes[:50]).all()
+    matrix = feats.features(codes)
+    assert matrix.shape == (500, len(feats.names)) and np.isfinite(matrix[:, :4]).all()
+    moved = feats.neighbours(codes, np.random.default_rng(1))
+    moved_indices = feats.indices(moved)
+    assert ((moved_indices >= 0) & (moved_indices < task.space.size)).all()
+    assert (moved_indices != indices).mean() > 0.5
+
+
+def test_union_of_spaces() -> None:
+    parts = [ConfigSpace([ChoiceKnob("a", [1, 2, 3])]), ConfigSpace([ChoiceKnob("a", [7]), ChoiceKnob("b", [0, 1])])]
+    space = UnionSpace(parts, "sketch")
+    assert space.size == 5
+    assert [dict(space.get(i).values) for i in range(5)] == [
+        {"sketch": 0, "a": 1}, {"sketch": 0, "a": 2}, {"sketch": 0, "a": 3},
+        {"sketch": 1, "a": 7, "b": 0}, {"sketch": 1, "a": 7, "b": 1}]
+    with pytest.raises(FarmError):
+        space.index({"sketch": 0, "a": 7})
+
+
+def test_gpu_shared_memory_fit_matches_the_lowered_kernels(matmul: TirWorkload) -> None:
+    """On cuda (built, not run): each sketch's fitted shared memory equals what lowering allocates."""
+    from farm.core.templates.design_space import design_space
+
+    cuda = parse_target("cuda")
+    space = design_space(matmul, cuda)
+    rng = random.Random(3)
+    compared = 0
+    for _ in range(200):
+        config = space.space.get(rng.randrange(space.space.size))
+        sketch = config["sketch"]
+        space.bound_error(config)  # fits the sketch's footprints
+        fitted = space._footprints[sketch]
+        real = space._shared_buffers(config)
+        if fitted is None or real is None:
+            continue
+        for kernel in fitted:
+            assert kernel.bytes(config, space.slots[sketch]) == sum(
+                n * size for (name, _), (n, size) in real.items() if name == kernel.name)
+        compared += 1
+        if compared == 8:
+            break
+    assert compared == 8
+
+
+def test_register_check_pairs_each_kernel_with_its_own_block() -> None:
+    ptxas = ("ptxas info    : Compiling entry function 'main_kernel' for 'sm_90'\n"
+             "ptxas info    : Used 87 registers, used 1 barriers\n"
+             "ptxas info    : Compiling entry function 'main_kernel_1' for 'sm_90'\n"
+             "ptxas info    : Used 10 registers, used 0 barriers\n")
+    source = ('extern "C" __global__ void __launch_bounds__(128) main_kernel(float* a) {}\n'
+              'extern "C" __global__ void __launch_bounds__(1024) main_kernel_1(float* a) {}\n')
+    assert _registers_per_kernel(ptxas) == {"main_kernel": 87, "main_kernel_1": 10}
+    assert _threads_per_kernel(source) == {"main_kernel": 128, "main_kernel_1": 1024}
+
+
+def test_a_job_on_two_workers_then_its_export_in_tvm(kernels: dict[str, Path], tmp_path: Path) -> None:
+    """`farm tune FILE.py` on 2 llvm workers spends exactly its budget on distinct configs; the
+    MetaSchedule export is applied by compile_tir and by Relax's MetaScheduleApplyDatabase, and the
+    kernels they build compute the function's own output."""
+    import tvm
+    from tvm import relax
+    from tvm.s_tir import meta_schedule as ms
+
+    db = tmp_path / "farm.db"
+    proc = farm("tune", str(kernels["softmax"]), "--target", "llvm", "--trials", "12", "--workers", "2",
+                "--batch-size", "3", "--db", f"sqlite:///{db}", "--export", "best.json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "tir:softmax@" in proc.stdout + proc.stderr
+    with sqlite3.connect(db) as con:
+        rows = con.execute("SELECT config_index, status FROM trials").fetchall()
+    assert len(rows) == 12 and len({index for index, _ in rows}) == 12
+    assert {status for _, status in rows} == {"ok"}  # invalid configs never reach a build
+    proc = farm("export", "1", "-o", "msdb", "--format", "metaschedule", "--db", f"sqlite:///{db}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+
+    workload = tir_from_file(str(kernels["softmax"]))
+    target = tvm.target.Target({"kind": "llvm", "num-cores": 2})
+    database = ms.database.JSONDatabase(str(tmp_path / "msdb/database_workload.json"),
+                                        str(tmp_path / "msdb/database_tuning_record.json"), allow_missing=False)
+    inputs = workload.random_inputs(seed=1)
+    expected = workload.reference(inputs)
+    scheduled = ms.tir_integration.compile_tir(database, tvm.IRModule({"main": workload.prim_func()}), target)
+    assert scheduled is not None
+    lib = tvm.compile(scheduled.mod, target=target)
+    out = tvm.runtime.empty(workload.output_shape(), workload.dtype, tvm.cpu())
+    lib["main"](*[tvm.runtime.tensor(x) for x in inputs], out)
+    np.testing.assert_allclose(out.numpy(), expected, rtol=1e-5, atol=1e-6)
+
+    # A Relax program calling the kernel: MetaScheduleApplyDatabase puts the tuned schedule in.
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((4, 32), "float32"))
+    with bb.function("main", [x]):
+        kernel = bb.add_func(workload.prim_func().without_attr("global_symbol"), "softmax")
+        with bb.dataflow():
+            y = bb.emit_output(relax.call_tir(kernel, [x], relax.TensorType((4, 32), "float32")))
+        bb.emit_func_output(y)
+    with target, database:
+        applied = relax.transform.MetaScheduleApplyDatabase()(bb.get())
+    assert applied["softmax"].attrs["tirx.is_scheduled"]
+    vm = relax.VirtualMachine(tvm.compile(applied, target=target), tvm.cpu())
+    np.testing.assert_allclose(vm["main"](tvm.runtime.tensor(inputs[0])).numpy(), expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(("name", "text", "message"), [
+    ("unparsable", "from tvm.script import tirx as T\n\n@T.prim_func(s_tir=True)\ndef f(A: T.Buffer((4,), "
+     "\"float32\")):\n    A[0] = undefined_name\n", "does not parse as TVMScript"),
+    ("dynamic", "from tvm.script import tirx as T\n\n@T.prim_func(s_tir=True)\ndef f(a: T.handle, b: T.handle):\n"
+     "    n = T.int32()\n    A = T.match_buffer(a, (n,))\n    B = T.match_buffer(b, (n,))\n"
+     "    for i in range(n):\n        with T.sblock(\"B\"):\n            vi = T.axis.spatial(n, i)\n"
+     "            B[vi] = A[vi]\n", "dynamic shape"),
+    ("empty", "from tvm.script import tirx as T\n\n@T.prim_func(s_tir=True)\ndef f(A: T.Buffer((4,), \"float32\")):\n"
+     "    T.evaluate(0)\n", "nothing to schedule"),
+    ("no_definition", "x = 1\n", "no @T.prim_func"),
+])
+def test_bad_tir_input_is_one_line_and_writes_nothing(tmp_path: Path, name: str, text: str, message: str) -> None:
+    path = tmp_path / f"{name}.py"
+    path.write_text(text)
+    proc = farm("tune", str(path), "--target", "llvm", "--trials", "4", cwd=tmp_path, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not (tmp_path / "farm.db").exists()
+
+
+def test_a_missing_file_is_one_line(tmp_path: Path) -> None:
+    proc = farm("tune", "missing.py", "--target", "llvm", cwd=tmp_path, timeout=120)
+    assert proc.returncode == 2 and "does not exist" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "farm.db").exists()
