@@ -49,17 +49,24 @@ KernelArg = Annotated[list[str], typer.Argument(
 TargetOpt = Annotated[str, typer.Option(help='llvm, cuda, or a JSON target like \'{"kind":"cuda","arch":"sm_80"}\'.')]
 
 
+# How a user names a kernel that is none of the named workloads (farm.core.tir; docs/tir.md).
+TIR_HOW = ("a TIR PrimFunc in a TVMScript file, `farm tune kernel.py` (one @T.prim_func) or `farm tune "
+           "kernels.py:NAME`, or from Python `client.submit([prim_func])`; tuned in MetaSchedule's design "
+           "spaces (templates ms.cuda, ms.llvm): see docs/tir.md")
+
+
 @app.command()
 def workloads(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
-    """List workloads, their parameters, the presets, and each template's config-space size."""
+    """List workloads, their parameters, the presets, and each template's config-space size; and
+    how to name any other TIR kernel."""
     from farm.core.targets import KINDS, parse_target
     from farm.core.task import Task
     from farm.core.workloads import PRESETS, WORKLOADS, make_workload
 
     targets = {kind: parse_target(kind) for kind in KINDS}
-    doc: dict[str, Any] = {"workloads": [], "presets": []}
+    doc: dict[str, Any] = {"workloads": [], "presets": [], "tir": TIR_HOW}
     for d in WORKLOADS.values():
         doc["workloads"].append({
             "name": d.name, "doc": d.doc,
@@ -92,6 +99,7 @@ def workloads(
         presets.add_row(p["name"], p["workload"], f"{p['gflop']:.3f}",
                         *(f"{p['spaces'][k]['space_size']:,} ({p['spaces'][k]['template']})" for k in KINDS))
     out.print(presets)
+    out.print(f"Any other kernel: {TIR_HOW}", markup=False, highlight=False)
 
 
 class _SearchHelpCommand(TyperCommand):
