@@ -1,4 +1,4 @@
-"""BERT-base layer kernel `attention_scores`, written by bench/model_kernels.py."""
+"""Kernel `attention_scores` of a BERT encoder layer (hidden 768, 12 heads, feed-forward 3072), written by bench/model_kernels.py."""
 from tvm.script import tirx as T
 # from tvm.tirx.layout import Axis
 
