@@ -71,6 +71,7 @@ from farm.core.errors import FarmError, one_line
 from farm.core.measure import MeasureResult, Status
 from farm.core.search import parse_search
 from farm.core.task import Task
+from farm.core.workloads import workload_label
 from scheduler.pool import QUEUE_DEPTH, Lead, WorkerPool
 from scheduler.retrain import Retrained, refreshed, retrain, starting_model
 from scheduler.shards import Proposal, ShardSearches
@@ -138,7 +139,7 @@ def run_job(
                            task: Task = task, row: dict[str, Any] = row) -> None:
                     metrics.set_task_progress(job_id, row["id"], done, row["budget"])
                     if best is not None:
-                        metrics.set_task_best(job_id, row["id"], task.workload.name, best,
+                        metrics.set_task_best(job_id, row["id"], workload_label(row["workload"], params=False), best,
                                               task.workload.flops() / best / 1e9)
                     if on_progress is not None:
                         on_progress(Progress(number, len(tasks), task, done, row["budget"], best, last))
