@@ -4,8 +4,8 @@
     lib.export_library("kernel.so")        # loadable by TVM's runtime from C++ or Python
 
 The record used is the fastest one in the export for the same workload (same parameters) and
-target kind (and cuda arch). A workload the export does not hold builds with the template's
-default config, with a warning that names it.
+target kind (and cuda arch), built with the template that tuned it. A workload the export does not
+hold builds with its template's default config, with a warning that names it.
 """
 
 from __future__ import annotations
@@ -22,22 +22,28 @@ from farm.export import load
 from workers.compiler import compile_module
 
 
-def _matches(rec: dict[str, Any], task: Task) -> bool:
-    target = parse_target(rec["target"])
-    same_device = target.kind == task.target.kind and (not target.is_gpu or target.arch == task.target.arch)
-    return same_device and make_workload(rec["workload"]["name"], rec["workload"]["params"]).key == task.workload.key
+def _matches(rec: dict[str, Any], wl: Workload, target: TargetSpec) -> bool:
+    spec = parse_target(rec["target"])
+    same_device = spec.kind == target.kind and (not spec.is_gpu or spec.arch == target.arch)
+    return same_device and make_workload(rec["workload"]["name"], rec["workload"]["params"]).key == wl.key
 
 
-def best_config(task: Task, best: str | Path | dict[str, Any] | None, allow_stale: bool = False) -> Config | None:
-    """The config of the fastest matching record of the export `best` (a path or a loaded
-    document), or None when it holds none for this task."""
+def best_record(wl: Workload, target: TargetSpec, best: str | Path | dict[str, Any] | None,
+                allow_stale: bool = False) -> dict[str, Any] | None:
+    """The fastest record of the export `best` (a path or a loaded document) for `wl` on `target`'s
+    kind (and cuda arch), whichever template tuned it; None when it holds none."""
     if best is None:
         return None
     doc = load(best, allow_stale) if not isinstance(best, dict) else best
-    records = [r for r in doc["records"] if _matches(r, task)]
-    if not records:
-        return None
-    return task.space.from_json(min(records, key=lambda r: r["latency_us"])["config"])
+    records = [r for r in doc["records"] if _matches(r, wl, target)]
+    return min(records, key=lambda r: r["latency_us"]) if records else None
+
+
+def best_config(task: Task, best: str | Path | dict[str, Any] | None, allow_stale: bool = False) -> Config | None:
+    """The config of the fastest record of the export `best` for this task (its template's), or
+    None when it holds none."""
+    rec = best_record(task.workload, task.target, best, allow_stale)
+    return task.space.from_json(rec["config"]) if rec is not None and rec["template"] == task.template.name else None
 
 
 def build(workload: str | Workload, target: str | dict[str, Any] | TargetSpec, best: str | Path | None = None,
@@ -50,8 +56,10 @@ def build(workload: str | Workload, target: str | dict[str, Any] | TargetSpec, b
     Raises FarmError for a bad workload, target or export.
     """
     wl = workload if isinstance(workload, Workload) else make_workload(workload, params)
-    task = Task(wl, parse_target(target))
-    config = best_config(task, best, allow_stale)
+    spec = parse_target(target)
+    rec = best_record(wl, spec, best, allow_stale)
+    task = Task(wl, spec, rec["template"] if rec is not None else None)
+    config = task.space.from_json(rec["config"]) if rec is not None else None
     if config is None:
         config = task.default_config()
         where = f"in {best}" if best is not None else "given (no export)"

@@ -47,6 +47,10 @@ KernelArg = Annotated[list[str], typer.Argument(
     "as key=value, e.g. conv2d_nchw N=1 CI=256 H=14 W=14 CO=256 KH=3 KW=3 pad=1; or a TVMScript file of any "
     "TIR kernel, kernel.py (one @T.prim_func) or kernels.py:NAME.")]
 TargetOpt = Annotated[str, typer.Option(help='llvm, cuda, or a JSON target like \'{"kind":"cuda","arch":"sm_80"}\'.')]
+TemplatesOpt = Annotated[str, typer.Option(
+    help="best: each kernel tuned with its preferred template; all: with every template that schedules it, "
+    "one task each, the faster kept (a TIR kernel around a farm operator: its hand template and its design "
+    "space; docs/tir.md).")]
 
 
 # How a user names a kernel that is none of the named workloads (farm.core.tir; docs/tir.md).
@@ -128,6 +132,7 @@ def tune(
     export: Annotated[Path | None, typer.Option(help="Write the best config (farm.best/1 JSON) here.")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the search.")] = 0,
     batch_size: Annotated[int, typer.Option(min=1, help="Candidates per worker per round.")] = 16,
+    templates: TemplatesOpt = "best",
     log_dir: Annotated[Path | None, typer.Option(
         help="Keep the logs of the RPC tracker, servers and worker actors (start-up steps, sessions) here.")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log scheduler details.")] = False,
@@ -138,7 +143,6 @@ def tune(
     from farm.core.host import gpu_count
     from farm.core.jobspec import JobRequest
     from farm.core.targets import parse_target
-    from farm.core.task import Task
     from farm.core.templates import arch_specific_hint
     from farm.core.tvm_import import import_tvm
 
@@ -156,15 +160,15 @@ def tune(
                             "use --target llvm, or run on a machine with an NVIDIA GPU")
         workers = workers or gpus
     workers = workers or 1
-    options = {"search": search, "workers": workers, "seed": seed, "batch_size": batch_size}
-    JobRequest.build([wl], target, trials, **options)
+    options = {"search": search, "workers": workers, "seed": seed, "batch_size": batch_size, "templates": templates}
+    request = JobRequest.build([wl], target, trials, **options)
     with Client(db, in_process=True, log_dir=log_dir) as client:  # FarmError for a log folder it cannot write
         client.prepare(spec, workers)  # Ray and the workers start while the job is stored
         import_tvm()  # before the job's thread could (its cost model reads kernels): see farm.core.tvm_import
         job = client.submit([wl], target, trials, **options)
-        task = Task(wl, spec)
-        console.print(f"job {job.id}: {task} — space of {task.space.size:,} configs ({task.template.name}), "
-                      f"{trials} trials on {workers} {spec.kind} worker(s)", markup=False, highlight=False)
+        for task in request.tasks:
+            console.print(f"job {job.id}: {task} — space of {task.space.size:,} configs ({task.template.name}), "
+                          f"{trials} trials on {workers} {spec.kind} worker(s)", markup=False, highlight=False)
         if hint := arch_specific_hint(wl, spec):
             console.print(hint, markup=False, highlight=False)
         try:
@@ -192,6 +196,7 @@ def submit(
         help="Measure on a device that runs only a TVM RPC server registered under this key "
         "with the farm's tracker (repeat for several).")] = None,
     name: Annotated[str, typer.Option(help="A name for the job.")] = "",
+    templates: TemplatesOpt = "best",
 ) -> None:
     """Queue a job for the farm's schedulers (`farm scheduler`) and print its id."""
     from farm.client import Client
@@ -199,7 +204,7 @@ def submit(
     parsed = _parse_workloads(workloads)
     with Client(db, in_process=False) as client:
         job = client.submit(parsed, target, trials, search=search, workers=workers, seed=seed,
-                            rpc_keys=rpc_key or (), name=name)
+                            rpc_keys=rpc_key or (), name=name, templates=templates)
     out.print(job.id)
     console.print(f"job {job.id} queued: {len(parsed)} task(s), {trials} trials; "
                   f"follow it with `farm status {job.id}`", markup=False)
@@ -356,7 +361,7 @@ def status(
         out.print(f"  error: {doc['error']}")
     for task in doc["tasks"]:
         counts = ", ".join(f"{k} {v}" for k, v in sorted(task["counts"].items())) or "no trials yet"
-        out.print(f"  task {task['id']} {workload_label(task['workload'])}: "
+        out.print(f"  task {task['id']} {workload_label(task['workload'])} ({task['template']}): "
                   f"{task['trials']}/{task['budget']} trials ({counts}), best {format_latency(task['best_latency'])}, "
                   f"{len(task['rounds'])} rounds")
     out.print(f"  {job_pace.summary()}", markup=False, highlight=False)

@@ -156,14 +156,16 @@ class Client:
     def submit(self, workloads: Sequence[str | Workload | tuple[str, dict[str, Any]]],
                target: str | dict[str, Any] | TargetSpec = "llvm", trials: int = 64, *, search: str = "xgb",
                workers: int = 1, seed: int = 0, batch_size: int = 16, rpc_keys: Sequence[str] = (),
-               name: str = "") -> Job:
+               name: str = "", templates: str = "best") -> Job:
         """Queue a job tuning `workloads` (names, presets, Workloads or (name, params)) for
         `target` with `trials` measurements in all. Raises FarmError for bad input, having
         written nothing. `search` is a search spec, a strategy's name with options or without
         (`xgb`, `xgb:screen=16,epsilon=0.25`: farm.core.search). `rpc_keys` measures on devices
-        that run only a TVM RPC server."""
+        that run only a TVM RPC server. A workload may be a TIR PrimFunc (or an IRModule holding
+        one: docs/tir.md); `templates` ``all`` tunes a kernel that several templates schedule with
+        each of them (farm.core.jobspec.JobRequest.build)."""
         request = JobRequest.build(workloads, target, trials, search=search, workers=workers, seed=seed,
-                                   batch_size=batch_size, rpc_keys=rpc_keys, name=name)
+                                   batch_size=batch_size, rpc_keys=rpc_keys, name=name, templates=templates)
         job = Job(self, self.store.submit(request))
         if self.in_process:
             self._run_here()

@@ -133,7 +133,7 @@ def run_job(
     try:
         with store.writer() as writer:
             for number, row in enumerate(tasks):
-                task = Task.from_json({"workload": row["workload"], "target": row["target"]})
+                task = Task.from_json(row)
 
                 def report(done: int, best: float | None, last: list[MeasureResult], number: int = number,
                            task: Task = task, row: dict[str, Any] = row) -> None:

@@ -160,7 +160,7 @@ def test_bad_exports_are_refused(tuned: Path, tmp_path: Path) -> None:
         (_tamper(rec, config={**rec["config"], "evil": "__import__('os')"}), "unknown knobs"),
         (_tamper(rec, workload={"name": "conv3d", "params": {}}), "unknown workload"),
         (_tamper(rec, workload={"name": "matmul", "params": {"M": -1, "N": 2, "K": 2}}), "must be >= 1"),
-        (_tamper(rec, template="cuda.tiled"), "not the farm's template"),
+        (_tamper(rec, template="cuda.tiled"), "cuda.tiled does not schedule"),
         (_tamper(rec, latency_us=-3.0), "positive"),
         (_tamper(rec, latency_us=True), "latency_us"),
         (_tamper(rec, template_version="0ld"), "--allow-stale"),

@@ -124,7 +124,7 @@ def test_a_tir_workload_round_trips_and_its_reference_is_the_function_itself(mat
 
 
 def test_design_space_domains_are_exact_and_index_is_a_bijection(matmul: TirWorkload) -> None:
-    task = Task(matmul, LLVM)
+    task = Task(matmul, LLVM, "ms.llvm")  # its design space (its hand template comes first)
     space = task.space
     assert task.template.name == "ms.llvm" and isinstance(space, UnionSpace)
     assert space.size == sum(math.prod(len(k) for k in part.knobs) for part in space.parts)
@@ -153,7 +153,7 @@ def test_invalid_decisions_are_rejected_not_repaired(matmul: TirWorkload) -> Non
     from farm.core.space import Config
     from farm.core.templates.design_space import design_space
 
-    task = Task(matmul, LLVM)
+    task = Task(matmul, LLVM, "ms.llvm")  # its design space (its hand template comes first)
     space = design_space(matmul, LLVM)
     valid = next(c for c in (task.space.get(i) for i in range(task.space.size)) if task.check(c) is None)
     sch = task.schedule(valid)  # a valid config replays to exactly its own decisions
@@ -174,7 +174,7 @@ def test_invalid_decisions_are_rejected_not_repaired(matmul: TirWorkload) -> Non
 
 
 def test_features_of_a_design_space(matmul: TirWorkload) -> None:
-    task = Task(matmul, LLVM)
+    task = Task(matmul, LLVM, "ms.llvm")  # its design space (its hand template comes first)
     feats = DesignSpaceFeaturizer(task)
     indices = np.random.default_rng(0).integers(0, task.space.size, size=500)
     codes = feats.codes(indices)
@@ -309,3 +309,134 @@ def test_a_missing_file_is_one_line(tmp_path: Path) -> None:
     proc = farm("tune", "missing.py", "--target", "llvm", cwd=tmp_path, timeout=120)
     assert proc.returncode == 2 and "does not exist" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "farm.db").exists()
+
+
+# --- fused operators on the hand templates (farm.core.fused) ------------------------------------
+
+
+def _relax_kernels() -> dict[str, TirWorkload]:
+    """A fused conv2d + bias + ReLU, a strided conv2d alone and a matmul + bias + GELU as Relax's
+    pipeline makes them (LegalizeOps, FuseOps, FuseTIR; MetaSchedule's extract_tasks)."""
+    import tvm
+    from tvm import relax
+    from tvm.s_tir import meta_schedule as ms
+
+    from farm.core.tir import tir_workload
+
+    def tensor(name: str, *shape: int) -> relax.Var:
+        return relax.Var(name, relax.TensorType(shape, "float32"))
+
+    bb = relax.BlockBuilder()
+    x, w, b = tensor("x", 1, 8, 10, 10), tensor("w", 16, 8, 3, 3), tensor("b", 1, 16, 1, 1)
+    w2, a, m, bias = tensor("w2", 8, 8, 3, 3), tensor("a", 16, 32), tensor("m", 32, 24), tensor("bias", 24)
+    with bb.function("main", [x, w, b, w2, a, m, bias]):
+        with bb.dataflow():
+            conv = bb.emit(relax.op.nn.relu(relax.op.add(relax.op.nn.conv2d(x, w, padding=1), b)))
+            strided = bb.emit(relax.op.nn.conv2d(x, w2, strides=2, padding=1))
+            dense = bb.emit(relax.op.nn.gelu(relax.op.add(relax.op.matmul(a, m), bias)))
+            out = bb.emit_output(relax.Tuple([conv, strided, dense]))
+        bb.emit_func_output(out)
+    passes = [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(), relax.transform.FoldConstant(),
+              relax.transform.FuseOps(), relax.transform.FuseTIR()]
+    mod = tvm.transform.Sequential(passes)(bb.get())
+    return {t.task_name: tir_workload(t.dispatched[0]["main"], t.task_name)
+            for t in ms.relax_integration.extract_tasks(mod, tvm.target.Target("llvm"))}
+
+
+@pytest.fixture(scope="module")
+def relax_kernels() -> dict[str, TirWorkload]:
+    return _relax_kernels()
+
+
+def test_fused_kernels_are_recognised_as_the_farm_operators_they_compute(
+        relax_kernels: dict[str, TirWorkload], kernels: dict[str, Path]) -> None:
+    from farm.core.fused import match_operator
+
+    conv = match_operator(relax_kernels["fused_conv2d_add_relu"])
+    assert conv is not None and conv.name == "conv2d_nchw"
+    assert conv.p == {"N": 1, "CI": 8, "H": 10, "W": 10, "CO": 16, "KH": 3, "KW": 3, "stride": 1, "pad": 1,
+                      "dilation": 1, "dtype": "float32"}
+    assert conv.stage("compute") == "conv2d_nchw" and conv.stage("pad") == "pad_temp"
+    assert conv.stage("epilogue") is not None and len(conv.inline) == 1  # the add, inlined into the relu
+    strided = next(match_operator(w) for name, w in relax_kernels.items() if name.startswith("conv2d"))
+    assert strided is not None and strided.p["stride"] == 2 and strided.stage("epilogue") is None
+    dense = match_operator(relax_kernels["fused_matmul_add_gelu"] if "fused_matmul_add_gelu" in relax_kernels
+                           else next(w for n, w in relax_kernels.items() if "matmul" in n))
+    assert dense is not None and dense.name == "matmul" and dense.p["M"] == 16 and dense.p["N"] == 24
+    assert match_operator(tir_from_file(str(kernels["softmax"]))) is None  # a softmax is none of them
+
+
+def test_hand_templates_schedule_fused_kernels_correctly(relax_kernels: dict[str, TirWorkload]) -> None:
+    """The llvm template's kernels of each fused kernel compute its own output; on cuda (built here,
+    not run) the tiled template's pass GPU verification and compile."""
+    import tempfile
+
+    import tvm
+
+    from farm.core.templates.verify import verify_gpu
+    from workers.compiler import BuildResult, compile_into
+
+    cuda = parse_target("cuda")
+    for workload in relax_kernels.values():
+        task = Task(workload, LLVM)
+        assert task.template.name == "llvm.tiled" and task.scheduled_as.source == workload
+        inputs = workload.random_inputs()
+        expected = workload.reference(inputs)
+        rng = random.Random(0)
+        for _ in range(2):
+            config = next(c for c in (task.space.get(rng.randrange(task.space.size)) for _ in range(1000))
+                          if task.check(c) is None)
+            lib = tvm.compile(task.schedule(config).mod, target="llvm")
+            out = tvm.runtime.empty(workload.output_shape(), workload.dtype, tvm.cpu())
+            lib["main"](*[tvm.runtime.tensor(x) for x in inputs], out)
+            error = np.linalg.norm(out.numpy() - expected) / np.linalg.norm(expected)
+            assert error <= workload.tolerance(), f"{workload} {config.dumps()}: {error:.2e}"
+        gpu = Task(workload, cuda)
+        assert gpu.template.name == "cuda.tiled"
+        config = next(c for c in (gpu.space.get(rng.randrange(gpu.space.size)) for _ in range(5000))
+                      if gpu.check(c) is None)
+        sch = gpu.schedule(config)
+        assert verify_gpu(sch.mod, cuda) is None
+        built = BuildResult(config.index, config.to_json())
+        compile_into(sch.mod, cuda, Path(tempfile.mkdtemp()) / "kernel", built)
+        assert built.ok, built.error
+    # Every template that schedules a fused kernel: its hand template first, then its design space.
+    from farm.core.templates import templates_for
+
+    names = [t.name for _, t in templates_for(relax_kernels["fused_conv2d_add_relu"], LLVM)]
+    assert names == ["llvm.tiled", "ms.llvm"]
+
+
+def test_a_job_with_every_template_keeps_the_faster(matmul: TirWorkload, kernels: dict[str, Path],
+                                                    tmp_path: Path) -> None:
+    """`--templates all` tunes the fused matmul + bias + ReLU with its hand template and its design
+    space, one task each; the export holds one record, the faster's, and its MetaSchedule form is
+    applied by compile_tir whichever template won."""
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    db = tmp_path / "farm.db"
+    proc = farm("tune", str(kernels["matmul_bias_relu"]), "--target", "llvm", "--trials", "8", "--templates", "all",
+                "--batch-size", "2", "--db", f"sqlite:///{db}", "--export", "best.json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    with sqlite3.connect(db) as con:
+        templates = dict(con.execute("SELECT template, count(*) FROM tasks JOIN trials ON trials.task_id = tasks.id "
+                                     "GROUP BY template").fetchall())
+        best = con.execute("SELECT template, min(latency) FROM tasks JOIN trials ON trials.task_id = tasks.id "
+                           "WHERE status = 'ok' GROUP BY template ORDER BY min(latency) LIMIT 1").fetchone()
+    assert templates == {"llvm.tiled": 4, "ms.llvm": 4}
+    records = json.loads((tmp_path / "best.json").read_text())["records"]
+    assert len(records) == 1 and records[0]["template"] == best[0]
+    for template in ("llvm.tiled", "ms.llvm"):  # each template's own kernel, through MetaSchedule
+        proc = farm("export", "1", "-o", f"ms-{template}", "--format", "metaschedule", "--db", f"sqlite:///{db}",
+                    cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+    database = ms.database.JSONDatabase(str(tmp_path / "ms-llvm.tiled/database_workload.json"),
+                                        str(tmp_path / "ms-llvm.tiled/database_tuning_record.json"))
+    scheduled = ms.tir_integration.compile_tir(database, tvm.IRModule({"main": matmul.prim_func()}),
+                                               tvm.target.Target({"kind": "llvm", "num-cores": 2}))
+    lib = tvm.compile(scheduled.mod, target="llvm")
+    inputs = matmul.random_inputs()
+    out = tvm.runtime.empty(matmul.output_shape(), matmul.dtype, tvm.cpu())
+    lib["main"](*[tvm.runtime.tensor(x) for x in inputs], out)
+    np.testing.assert_allclose(out.numpy(), matmul.reference(inputs), rtol=1e-5, atol=1e-5)

@@ -264,7 +264,7 @@ def training_set(trials: pd.DataFrame, task: Task) -> TrainingSet:
     groups: list[np.ndarray] = []
     for number, (key, frame) in enumerate(trials.groupby("workload_key", sort=False)):
         wl = workload_from_json({"name": task.workload.name, "params": frame["params"].iloc[0]})
-        feats = featurizer(Task(wl, task.target))
+        feats = featurizer(Task(wl, task.target, task.template.name))
         codes, fits = feats.codes_of_configs(list(frame["config"]))
         if not len(codes):
             log.info("no trial of %s fits its current space; left out of training", key)

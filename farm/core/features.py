@@ -88,12 +88,13 @@ class Featurizer:
         self.radix = np.array([len(k) for k in self.knobs], dtype=np.int64)
         self.stride = np.concatenate([[1], np.cumprod(self.radix)[:-1]]).astype(np.int64)
         self._positions = [{v: i for i, v in enumerate(k.values)} for k in self.knobs]
-        axes, accesses, self._dtype_bytes = _analyse(task.workload)
+        wl = task.scheduled_as  # what the template schedules: a TIR kernel's operator (farm.core.fused)
+        axes, accesses, self._dtype_bytes = _analyse(wl)
         self._axes, self._accesses = axes, accesses
 
         names: list[str] = []
         const: list[float] = []
-        for key, value in _workload_values(task.workload).items():
+        for key, value in _workload_values(wl).items():
             names.append(f"wl.{key}")
             const.append(value)
         for axis in axes:

@@ -10,12 +10,14 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from farm.core.errors import FarmError, brief
 from farm.core.search import parse_search
 from farm.core.targets import TargetSpec, parse_target
 from farm.core.task import Task
+from farm.core.templates import templates_for
 from farm.core.workloads import Workload, make_workload
 
 # Bounds on a job, the same whatever database holds it. The trial budget is stored in 32-bit
@@ -30,6 +32,8 @@ MAX_BATCH_SIZE = 4096
 MAX_SEED = 2**32 - 1
 # Names and RPC keys are stored in VARCHAR(200) columns and printed on one line.
 MAX_NAME_CHARS = 200
+# What templates a job tunes each kernel with (JobRequest.build).
+TEMPLATE_CHOICES = ("best", "all")
 # An RPC key names a device queue at the TVM tracker: no spaces, colons or control characters.
 RPC_KEY = re.compile(r"[A-Za-z0-9._@+-]{1,200}", re.ASCII)
 
@@ -57,11 +61,13 @@ class JobRequest:
     batch_size: int = 16
     rpc_keys: list[str] = field(default_factory=list)
     name: str = ""
+    templates: str = "best"
 
     @classmethod
     def build(cls, workloads: Sequence[str | Workload | tuple[str, dict[str, Any]]],
               target: str | dict[str, Any] | TargetSpec, trials: int, *, search: str = "xgb", workers: int = 1,
-              seed: int = 0, batch_size: int = 16, rpc_keys: Sequence[str] = (), name: str = "") -> JobRequest:
+              seed: int = 0, batch_size: int = 16, rpc_keys: Sequence[str] = (), name: str = "",
+              templates: str = "best") -> JobRequest:
         """Validate everything (raises FarmError with one clear line) and return the request.
 
         The one place a job spec is checked, before anything is written: a workload is a
@@ -71,8 +77,11 @@ class JobRequest:
         farm.core.search.parse_search accepts; `workers` in [1, MAX_WORKERS];
         `batch_size` in [1, MAX_BATCH_SIZE]; `seed` in [0, MAX_SEED]; `rpc_keys` a list of
         distinct keys matching RPC_KEY (at most MAX_WORKERS); `name` at most MAX_NAME_CHARS
-        printable characters. Every task must have a template whose space is within
-        farm.core.space's bounds. Booleans are not integers here, nor a string a list.
+        printable characters; `templates` one of TEMPLATE_CHOICES: ``best``, each kernel tuned
+        with its preferred template, ``all``, with every template that schedules it (a TIR kernel
+        whose main computation is one of the farm's operators: its hand template and its design
+        space), one task each, the export keeping the faster. Every task must have a template whose
+        space is within farm.core.space's bounds. Booleans are not integers here, nor a string a list.
 
         Nothing here imports TVM (seconds in a fresh process): targets are checked against the
         farm's table of TVM's attributes, spaces sized from the workloads' own extents.
@@ -85,8 +94,8 @@ class JobRequest:
         _integer(workers, "workers", 1, MAX_WORKERS)
         _integer(batch_size, "batch size", 1, MAX_BATCH_SIZE)
         _integer(seed, "seed", 0, MAX_SEED)
-        if trials < len(wls):
-            raise FarmError(f"{trials} trials cannot cover {len(wls)} workloads: give at least one each")
+        if templates not in TEMPLATE_CHOICES:
+            raise FarmError(f"templates must be one of {', '.join(TEMPLATE_CHOICES)}, got {brief(templates)}")
         parse_search(search)
         keys = [_rpc_key(key) for key in _sequence(rpc_keys, "rpc_keys", MAX_WORKERS)]
         if len(set(keys)) != len(keys):
@@ -94,25 +103,30 @@ class JobRequest:
         if not isinstance(name, str) or len(name) > MAX_NAME_CHARS or not name.isprintable():
             raise FarmError(f"a job name is at most {MAX_NAME_CHARS} printable characters, got {brief(name)}")
         request = cls(wls, spec, trials, search, workers, seed, batch_size, keys,
-                      name or ("tune " + ", ".join(str(w) for w in wls))[:MAX_NAME_CHARS])
+                      name or ("tune " + ", ".join(str(w) for w in wls))[:MAX_NAME_CHARS], templates)
+        if trials < len(request.tasks):
+            raise FarmError(f"{trials} trials cannot cover {len(request.tasks)} tasks: give at least one each")
         for task in request.tasks:
             # FarmError when no template exists for the target, or its space is out of bounds.
             task.space  # noqa: B018
         return request
 
-    @property
+    @cached_property
     def tasks(self) -> list[Task]:
-        return [Task(w, self.target) for w in self.workloads]
+        """One task per workload, or with templates ``all`` one per template that schedules it."""
+        if self.templates == "best":
+            return [Task(w, self.target) for w in self.workloads]
+        return [Task(w, self.target, t.name) for w in self.workloads for _, t in templates_for(w, self.target)]
 
     def spec(self) -> dict[str, Any]:
         """The job's spec as stored: enough to run it again anywhere."""
         return {"workloads": [w.to_json() for w in self.workloads], "target": self.target.to_json(),
                 "trials": self.trials, "search": self.search, "workers": self.workers, "seed": self.seed,
-                "batch_size": self.batch_size, "rpc_keys": self.rpc_keys}
+                "batch_size": self.batch_size, "rpc_keys": self.rpc_keys, "templates": self.templates}
 
     def task_rows(self) -> list[dict[str, Any]]:
         """One row per task, the job's budget split as evenly as possible over them."""
-        base, extra = divmod(self.trials, len(self.workloads))
+        base, extra = divmod(self.trials, len(self.tasks))
         return [{
             "workload": t.workload.to_json(), "workload_key": t.workload.key,
             "target": t.target.to_json(), "target_kind": t.target.kind,

@@ -7,26 +7,48 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+from farm.core.errors import FarmError
 from farm.core.space import Config, ConfigSpace
 from farm.core.targets import TargetSpec, parse_target
-from farm.core.templates import Template, get_template
+from farm.core.templates import Template, templates_for
 from farm.core.workloads import Workload, workload_from_json
 
 
 @dataclass(frozen=True)
 class Task:
-    """What one tuning task searches: `workload` scheduled by its template for `target`."""
+    """What one tuning task searches: `workload` scheduled by a template for `target`: the one
+    named `template_name`, or the first of `templates_for` (a TIR kernel whose main computation is
+    one of the farm's operators: that operator's hand template before its design space)."""
 
     workload: Workload
     target: TargetSpec
+    template_name: str | None = None
 
     @cached_property
+    def _scheduled(self) -> tuple[Workload, Template]:
+        options = templates_for(self.workload, self.target)
+        if self.template_name is None:
+            return options[0]
+        for option in options:
+            if option[1].name == self.template_name:
+                return option
+        names = ", ".join(t.name for _, t in options)
+        raise FarmError(f"template {self.template_name} does not schedule {self.workload} on {self.target.kind}; "
+                        f"these do: {names}")
+
+    @property
     def template(self) -> Template:
-        return get_template(self.workload, self.target)
+        return self._scheduled[1]
+
+    @property
+    def scheduled_as(self) -> Workload:
+        """The workload the template schedules: the task's own, or the farm operator a TIR kernel
+        computes (farm.core.fused.FusedOperator)."""
+        return self._scheduled[0]
 
     @cached_property
     def space(self) -> ConfigSpace:
-        return self.template.space(self.workload, self.target)
+        return self.template.space(self.scheduled_as, self.target)
 
     def default_config(self) -> Config:
         """The template's fallback: the first config, in index order, that passes its check."""
@@ -38,14 +60,14 @@ class Task:
 
     def check(self, config: Config) -> str | None:
         """None if the config passes the template's pre-build validity check, else why not."""
-        return self.template.check(self.workload, self.target, config)
+        return self.template.check(self.scheduled_as, self.target, config)
 
     def precheck(self, config: Config) -> str | None:
         """The template's cheap necessary condition of `check` (`Template.precheck`)."""
-        return self.template.precheck(self.workload, self.target, config)
+        return self.template.precheck(self.scheduled_as, self.target, config)
 
     def schedule(self, config: Config) -> Any:
-        return self.template.schedule(self.workload, self.target, config)
+        return self.template.schedule(self.scheduled_as, self.target, config)
 
     @property
     def key(self) -> str:
@@ -62,8 +84,8 @@ class Task:
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> Task:
-        """A task the farm stored or sent (`to_json`, or a task row's workload and target)."""
-        return cls(workload_from_json(doc["workload"]), parse_target(doc["target"]))
+        """A task the farm stored or sent (`to_json`, or a task row: workload, target, template)."""
+        return cls(workload_from_json(doc["workload"]), parse_target(doc["target"]), doc.get("template"))
 
     def __str__(self) -> str:
         return f"{self.workload} on {self.target}"

@@ -135,6 +135,12 @@ class Workload:
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "params": self.p}
 
+    def stage(self, role: str) -> str | None:
+        """The name of the block of the workload's function that plays `role` (``pad``, ``compute``,
+        ``epilogue``: see the module docstring), which templates look blocks up by; here the role's
+        own name (a TIR kernel's blocks have others: farm.core.fused)."""
+        return role
+
     @property
     def family(self) -> str:
         """What workloads one cost model learns together (farm.core.jobspec.family_key): the name."""

@@ -32,6 +32,23 @@ def get_template(workload: Workload, target: TargetSpec | str) -> Template:
     raise FarmError(f"no {spec.kind} template for workload {workload.name!r}")
 
 
+def templates_for(workload: Workload, target: TargetSpec | str) -> list[tuple[Workload, Template]]:
+    """Every template that schedules `workload` on `target`, in order of preference, each with the
+    workload it schedules: a TIR kernel whose main computation is one of the farm's operators
+    (farm.core.fused) first gets that operator's hand templates, scheduling the kernel as a
+    FusedOperator, then its design space. FarmError if none does."""
+    from farm.core.fused import match_operator
+    from farm.core.tir import TirWorkload
+
+    spec = parse_target(target)
+    fused = match_operator(workload) if isinstance(workload, TirWorkload) else None
+    out = [(wl, t) for wl in ([fused] if fused is not None else []) + [workload] for t in TEMPLATES
+           if t.kind == spec.kind and wl.name in t.workloads and t.applies(wl, spec)]
+    if not out:
+        raise FarmError(f"no {spec.kind} template for workload {workload.name!r}")
+    return out
+
+
 # Arch-specific variants (CUDA's "a" suffix) that unlock a template the portable arch cannot use:
 # sm_90a's wgmma. A target asks for them itself, since their kernels run on that one arch only.
 ARCH_SPECIFIC = {"sm_90": "sm_90a"}
@@ -55,4 +72,4 @@ def arch_specific_hint(workload: Workload, target: TargetSpec | str) -> str | No
             f"{better.name} instead of {current.name} (kernels built for {variant} run on {spec.arch} GPUs alone)")
 
 
-__all__ = ["ARCH_SPECIFIC", "HINTED", "TEMPLATES", "Template", "arch_specific_hint", "get_template"]
+__all__ = ["ARCH_SPECIFIC", "HINTED", "TEMPLATES", "Template", "arch_specific_hint", "get_template", "templates_for"]

@@ -107,12 +107,16 @@ def compile_scheduled(mod: Any, target: TargetSpec) -> Any:
 
 
 def new_schedule(wl: Workload, func: Any = None) -> Any:
-    """A fresh schedule of the workload's TE definition (stage names per farm.core.workloads), or
-    of `func`, a PrimFunc of the same computation and arguments written another way."""
+    """A fresh schedule of the workload's function (its blocks per `Workload.stage`), prepared as the
+    workload asks (a TIR kernel's elementwise blocks inlined: farm.core.fused), or of `func`, a
+    PrimFunc of the same computation and arguments written another way."""
     import tvm
     from tvm import s_tir
 
-    return s_tir.Schedule(tvm.IRModule({"main": wl.prim_func() if func is None else func}))
+    sch = s_tir.Schedule(tvm.IRModule({"main": wl.prim_func() if func is None else func}))
+    if func is None and hasattr(wl, "prepare"):
+        wl.prepare(sch)
+    return sch
 
 
 # TVM's CUDA runtime (CUDAWrappedFunc) opts a kernel in to more shared memory from this much
@@ -191,7 +195,13 @@ def has_block(sch: Any, name: str) -> bool:
     return True
 
 
-def fold_epilogue(sch: Any, writer: Any | None, loop: Any) -> None:
+def has_stage(sch: Any, wl: Workload, role: str) -> bool:
+    """Whether the schedule has the workload's block playing `role` (`Workload.stage`)."""
+    name = wl.stage(role)
+    return name is not None and has_block(sch, name)
+
+
+def fold_epilogue(sch: Any, wl: Workload, writer: Any | None, loop: Any) -> None:
     """Put the workload's ``epilogue`` stage, if it has one (see farm.core.workloads), into the
     kernel that computes its input: inlined into `writer` when one is given (the spatial block
     that copies the ``compute`` stage's accumulators out of registers, which then stores the
@@ -199,9 +209,9 @@ def fold_epilogue(sch: Any, writer: Any | None, loop: Any) -> None:
     computed under `loop`, right after the reduction that fills them, which then go to local
     memory: left in global scope, they would be a buffer of the whole output that no kernel
     argument holds, which a CUDA kernel cannot allocate (TVM refuses to build it)."""
-    if not has_block(sch, "epilogue"):
+    if not has_stage(sch, wl, "epilogue"):
         return
-    epilogue = sch.get_sblock("epilogue")
+    epilogue = sch.get_sblock(wl.stage("epilogue"))
     if writer is not None:
         sch.reverse_compute_inline(epilogue)
     else:

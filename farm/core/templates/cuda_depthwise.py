@@ -33,7 +33,7 @@ from farm.core.templates.base import (
     cooperative_fetch,
     dtype_bytes,
     fold_epilogue,
-    has_block,
+    has_stage,
     new_schedule,
     prod,
     shared_memory_error,
@@ -70,7 +70,7 @@ class CudaDepthwise(Template, name="cuda.depthwise", kind="cuda", workloads=("de
 
     def schedule(self, wl: Workload, target: TargetSpec, config: Config) -> Any:
         sch = new_schedule(wl)
-        block = sch.get_sblock("compute")
+        block = sch.get_sblock(wl.stage("compute"))
         write_cache = sch.cache_write(block, 0, "local") if config["cache_output"] else None
         n, c, y, x, ry, rx = sch.get_loops(block)
         nc = sch.fuse(n, c)
@@ -95,14 +95,14 @@ class CudaDepthwise(Template, name="cuda.depthwise", kind="cuda", workloads=("de
         sch.bind(tx, "threadIdx.x")
         if write_cache is not None:
             sch.reverse_compute_at(write_cache, tx)
-        fold_epilogue(sch, write_cache, tx)
+        fold_epilogue(sch, wl, write_cache, tx)
 
         if config["cache_input"]:
             # The padded tile is computed straight into shared memory (the padding predicate
             # is evaluated while fetching, not in the inner loop), under the last loop that
             # does not walk over the tile: the block loop, or the last outer window loop.
-            if has_block(sch, "pad"):
-                stage = sch.get_sblock("pad")
+            if has_stage(sch, wl, "pad"):
+                stage = sch.get_sblock(wl.stage("pad"))
                 sch.set_scope(stage, 0, "shared")
             else:
                 stage = sch.cache_read(block, 0, "shared")
@@ -110,8 +110,8 @@ class CudaDepthwise(Template, name="cuda.depthwise", kind="cuda", workloads=("de
             sch.compute_at(stage, [lp for lp in above if lp is not None][-1], preserve_unit_loops=True)
             threads = (config["tile_y"][1], config["tile_x"][1])
             cooperative_fetch(sch, stage, threads, ("y", "x"), threads_outer=False)
-        elif has_block(sch, "pad"):
-            sch.compute_inline(sch.get_sblock("pad"))
+        elif has_stage(sch, wl, "pad"):
+            sch.compute_inline(sch.get_sblock(wl.stage("pad")))
 
         annotate_unroll(sch, nc, config["auto_unroll_max_step"], config["unroll_explicit"])
         return sch

@@ -24,7 +24,7 @@ from farm.core.targets import TargetSpec
 from farm.core.templates.base import (
     Template,
     annotate_unroll,
-    has_block,
+    has_stage,
     new_schedule,
     split_skipping_units,
 )
@@ -52,11 +52,11 @@ class CudaPool(Template, name="cuda.pool", kind="cuda", workloads=("pool2d",)):
 
     def schedule(self, wl: Workload, target: TargetSpec, config: Config) -> Any:
         sch = new_schedule(wl)
-        if has_block(sch, "pad"):
-            sch.compute_inline(sch.get_sblock("pad"))
-        pool = sch.get_sblock("compute")
-        if has_block(sch, "epilogue"):
-            out = sch.get_sblock("epilogue")
+        if has_stage(sch, wl, "pad"):
+            sch.compute_inline(sch.get_sblock(wl.stage("pad")))
+        pool = sch.get_sblock(wl.stage("compute"))
+        if has_stage(sch, wl, "epilogue"):
+            out = sch.get_sblock(wl.stage("epilogue"))
             sch.set_scope(pool, 0, "local")
         elif config["cache_output"]:
             out = sch.cache_write(pool, 0, "local")

@@ -70,7 +70,7 @@ from farm.core.templates.base import (
     Template,
     annotate_unroll,
     fold_epilogue,
-    has_block,
+    has_stage,
     new_schedule,
     pipeline_buffers,
     pipeline_error,
@@ -116,7 +116,10 @@ def gemm_extents(wl: Workload) -> tuple[int, int, int]:
 class CudaTensorCore(Template, name="cuda.tensorcore", kind="cuda",
                      workloads=("matmul", "conv2d_nchw", "group_conv2d_nchw")):
     def applies(self, wl: Workload, target: TargetSpec) -> bool:
-        return wl.dtype == "float16" and all(extent % FRAGMENT == 0 for extent in gemm_extents(wl))
+        # It schedules the workload's computation written as a matrix product (its own PrimFunc): a
+        # TIR kernel's (farm.core.fused) would lose its elementwise stages.
+        return wl.dtype == "float16" and all(extent % FRAGMENT == 0 for extent in gemm_extents(wl)) and \
+            not hasattr(wl, "prepare")
 
     def space(self, wl: Workload, target: TargetSpec) -> ConfigSpace:
         m, n, k = gemm_extents(wl)
@@ -163,7 +166,7 @@ class CudaTensorCore(Template, name="cuda.tensorcore", kind="cuda",
         intrin = import_tensor_intrinsics()
 
         sch = new_schedule(wl, None if wl.name == "matmul" else _weights_as_matrix(wl))
-        block = sch.get_sblock("compute")
+        block = sch.get_sblock(wl.stage("compute"))
         gathers, scatter = _as_matmul(sch, block, wl)
         split = config["split_k"]
         if split > 1:  # `block` becomes the slices' partial products, added up by a kernel of their own
@@ -174,9 +177,9 @@ class CudaTensorCore(Template, name="cuda.tensorcore", kind="cuda",
             sch.bind(sum_blocks, "blockIdx.x")
             sch.bind(sum_thread, "threadIdx.x")
             if scatter is None:
-                fold_epilogue(sch, None, sum_thread)
+                fold_epilogue(sch, wl, None, sum_thread)
             else:  # each thread's output written out in NCHW, cast, from a register
-                fold_epilogue(sch, scatter, None)
+                fold_epilogue(sch, wl, scatter, None)
                 sch.reverse_compute_at(scatter, sum_thread)
                 sch.set_scope(summed, 0, "local")
                 scatter = None
@@ -208,7 +211,7 @@ class CudaTensorCore(Template, name="cuda.tensorcore", kind="cuda",
         # whole tile, by all its threads (0).
         sch.reverse_compute_at(out_shared, sch.get_loops(accumulator)[-3] if config["store"] else j_block)
         if split == 1:  # with split-K, the sum's kernel computes the epilogue
-            fold_epilogue(sch, out_shared, None)
+            fold_epilogue(sch, wl, out_shared, None)
         if config["store"]:
             rows, lane, vector = sch.split(sch.fuse(*sch.get_loops(out_shared)[-2:]), [None, WARP, OUT_VECTOR])
             sch.bind(lane, "threadIdx.x")
@@ -342,8 +345,8 @@ def _as_matmul(sch: Any, block: Any, wl: Workload) -> tuple[list[Any], Any | Non
     # shared copy. (The shared copy cannot read the view itself: TVM's cache_read then rewrites
     # the view's declaration into the cache's.)
     gather_w = sch.reindex(block, ("read", 0))
-    if has_block(sch, "pad"):
-        sch.compute_inline(sch.get_sblock("pad"))  # into the im2col gather
+    if has_stage(sch, wl, "pad"):
+        sch.compute_inline(sch.get_sblock(wl.stage("pad")))  # into the im2col gather
     return [gather_w, gather_x], scatter
 
 

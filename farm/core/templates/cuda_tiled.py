@@ -133,14 +133,14 @@ class CudaTiled(Template, name="cuda.tiled", kind="cuda", workloads=tuple(_AXES)
     def schedule(self, wl: Workload, target: TargetSpec, config: Config) -> Any:
         spatial, reduce = _AXES[wl.name]
         sch = new_schedule(wl)
-        block = sch.get_sblock("compute")
+        block = sch.get_sblock(wl.stage("compute"))
         factors = {a: list(config[f"tile_{a}"]) for a in spatial + reduce}
         split = config["split_k"]
         k_slice = None  # split-K's slice loop, bound to blockIdx.z with the grid's z axes
         if split > 1:
             sliced, _ = sch.split(sch.get_loops(block)[len(spatial)], [split, None])
             partial = sch.rfactor(sliced, factor_axis=0)  # `block` now adds up the partial sums
-            _schedule_sum(sch, block, len(spatial), min(SUM_THREADS, target.limit("max_threads_per_block")))
+            _schedule_sum(sch, wl, block, len(spatial), min(SUM_THREADS, target.limit("max_threads_per_block")))
             block = partial
             factors[reduce[0]][0] //= split
         write_cache = sch.cache_write(block, 0, "local")
@@ -179,7 +179,7 @@ class CudaTiled(Template, name="cuda.tiled", kind="cuda", workloads=tuple(_AXES)
                 bound[prefix].append(fused)
         sch.reverse_compute_at(write_cache, bound["threadIdx"][-1])
         if split == 1:  # with split-K, the partial sums' adder computes the epilogue
-            fold_epilogue(sch, write_cache, None)
+            fold_epilogue(sch, wl, write_cache, None)
 
         # Shared memory at the outer reduction loop, registers at the middle one.
         thread_dims = [dim for dim, _ in levels[2]]
@@ -205,7 +205,7 @@ class CudaTiled(Template, name="cuda.tiled", kind="cuda", workloads=tuple(_AXES)
             # _shared_bytes counts. Inlined into `compute` instead, the copy reads `data` under
             # the padding predicate and TVM's buffer compaction often over-allocates the tile
             # (up to the whole padded image), so `check` passed configs that could not run.
-            sch.compute_inline(sch.get_sblock("pad"))
+            sch.compute_inline(sch.get_sblock(wl.stage("pad")))
         for i in range(2):
             local = sch.cache_read(block, i, "local")
             sch.compute_at(local, reduce_mid[-1])
@@ -220,14 +220,14 @@ class CudaTiled(Template, name="cuda.tiled", kind="cuda", workloads=tuple(_AXES)
         return sch
 
 
-def _schedule_sum(sch: Any, block: Any, spatial: int, threads: int) -> None:
+def _schedule_sum(sch: Any, wl: Workload, block: Any, spatial: int, threads: int) -> None:
     """Split-K's second kernel: one thread per output adds up the slices' partial sums (and
     computes the epilogue, if any, from them)."""
     loops = sch.get_loops(block)
     blocks, thread = sch.split(sch.fuse(*loops[:spatial]), [None, threads])
     sch.bind(blocks, "blockIdx.x")
     sch.bind(thread, "threadIdx.x")
-    fold_epilogue(sch, None, thread)
+    fold_epilogue(sch, wl, None, thread)
 
 
 def _vector_error(wl: Workload, config: Config) -> str | None:

@@ -120,7 +120,9 @@ DESCRIPTOR_UNIT = 8  # halves per 16 bytes, the unit of a matrix descriptor's st
 
 class CudaWgmma(Template, name="cuda.wgmma", kind="cuda", workloads=("matmul", "conv2d_nchw")):
     def applies(self, wl: Workload, target: TargetSpec) -> bool:
-        if target.arch != ARCH or wl.dtype != "float16":
+        # Its kernels are written in TIRx, not scheduled from the workload's function: a TIR
+        # kernel's elementwise stages (farm.core.fused) would be lost.
+        if target.arch != ARCH or wl.dtype != "float16" or hasattr(wl, "prepare"):
             return False
         m, n, k = gemm_extents(wl)
         if _gathered(wl):  # any number of pixels (the last tile may be partial), at least one atom's

@@ -30,7 +30,7 @@ from farm.core.templates.base import (
     Template,
     annotate_unroll,
     axis_extents,
-    has_block,
+    has_stage,
     new_schedule,
 )
 from farm.core.workloads import Workload
@@ -63,9 +63,9 @@ class LlvmTiled(Template, name="llvm.tiled", kind="llvm", workloads=tuple(_AXES)
     def schedule(self, wl: Workload, target: TargetSpec, config: Config) -> Any:
         spatial, reduce = _AXES[wl.name]
         sch = new_schedule(wl)
-        if has_block(sch, "pad"):
-            sch.compute_inline(sch.get_sblock("pad"))
-        block = sch.get_sblock("compute")
+        if has_stage(sch, wl, "pad"):
+            sch.compute_inline(sch.get_sblock(wl.stage("pad")))
+        block = sch.get_sblock(wl.stage("compute"))
         loops = dict(zip(spatial + reduce, sch.get_loops(block), strict=True))
         outer: dict[str, list[Any]] = {"spatial": [], "reduce": []}
         inner: dict[str, list[Any]] = {"spatial": [], "reduce": []}
@@ -79,7 +79,7 @@ class LlvmTiled(Template, name="llvm.tiled", kind="llvm", workloads=tuple(_AXES)
                     inner[group].append(i)
         sch.reorder(*outer["spatial"], *outer["reduce"], *inner["reduce"], *inner["spatial"])
 
-        epilogue = sch.get_sblock("epilogue") if has_block(sch, "epilogue") else None
+        epilogue = sch.get_sblock(wl.stage("epilogue")) if has_stage(sch, wl, "epilogue") else None
         if epilogue is not None:
             # Unit loops kept, so the epilogue's innermost loop is always its own (x) loop.
             sch.reverse_compute_at(epilogue, outer["spatial"][-1], preserve_unit_loops=True)
