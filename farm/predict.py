@@ -57,8 +57,11 @@ def predict(workload: Workload, target: TargetSpec, store: ModelSource, top: int
     stored = load_model(store, family)
     if stored is None or not stored.model.trained:
         why = "has no cost model yet" if stored is None else "has no readable cost model (see the warning above)"
-        raise FarmError(f"family {family} {why}: tune a {workload.name} on {target.kind} first, "
-                        f"e.g. `farm tune {workload.name} ... --target {target.kind} --search xgb`")
+        kernel = "a kernel of this family (the same TVMScript but for its numbers)" if workload.name == "tir" \
+            else f"a {workload.name}"
+        example = "KERNEL.py" if workload.name == "tir" else f"{workload.name} ..."
+        raise FarmError(f"family {family} {why}: tune {kernel} on {target.kind} first, "
+                        f"e.g. `farm tune {example} --target {target.kind} --search xgb`")
     search = XGBSearch(task, task.space.shards(1)[0], seed, epsilon=0.0)
     search.set_model(stored.model)
     indices = search.ranked(top)  # best first; the first does not depend on `top`
