@@ -34,6 +34,9 @@
 #   check       bench/check_templates_gpu.py: every cuda template's random sample run against NumPy
 #               (CHECK_TARGET, default cuda; '{"kind":"cuda","arch":"sm_90a"}' puts fp16 matmuls on wgmma;
 #               CHECK_CASES, ;-separated: only those cases)
+#   fused       bench/fused_vs_torch.py per case of FUSED_CASES (space-separated, default "conv dense"):
+#               FUSED_SEEDS ("0 1 2") jobs of FUSED_TRIALS (256) trials with --templates all, each template's
+#               best kernel against PyTorch eager and torch.compile (OUTDIR/fused-CASE.json)
 #   kernels     bench/kernels_vs_vendor.py: KERNEL_CASES (;-separated) tuned KERNEL_TRIALS trials,
 #               KERNEL_SEEDS seeds each, best kernels re-timed side by side with PyTorch; one run per
 #               case (OUTDIR/kernels-CASE.json), so a case's figures stand whatever the next one does;
@@ -146,6 +149,10 @@ for s in $STEPS; do
            fi
            step check 600 python3 bench/check_templates_gpu.py --trials-per-case "${CHECK_TRIALS:-32}" \
              --target "${CHECK_TARGET:-cuda}" "${checks[@]}" --out "$OUT/check" ;;
+    fused) for case in ${FUSED_CASES:-conv dense}; do
+             step "fused-$case" 3000 python3 bench/fused_vs_torch.py --case "$case" --trials "${FUSED_TRIALS:-256}" \
+               --seeds ${FUSED_SEEDS:-0 1 2} --out "$OUT/fused" --json "$OUT/fused-$case.json"
+           done ;;
     kernels) IFS=';' read -ra cases <<< "$KERNEL_CASES"
              for case in "${cases[@]}"; do
                name=$(case_name "$case")
