@@ -29,6 +29,8 @@ TASK_KEYS = (
     "budget",
     "family_key",
 )
+# Task keys a caller may leave out, with their defaults: a kernel tuned on its own is called once.
+TASK_DEFAULTS = {"weight": 1}
 TRIAL_COLUMNS = (
     "task_id",
     "workload_key",
@@ -85,8 +87,8 @@ class ResultStore(ABC):
     ) -> int:
         """Create a queued job and its tasks in one transaction; return the job's id.
 
-        `spec` is the request as submitted (JSON). Each task dict has exactly the keys of
-        `TASK_KEYS`; ValueError if a key is missing or unknown, or `tasks` is empty.
+        `spec` is the request as submitted (JSON). Each task dict has the keys of `TASK_KEYS`, and
+        may have those of `TASK_DEFAULTS`; ValueError if a key is missing or unknown, or `tasks` is empty.
         """
 
     def submit(self, request: JobRequest) -> int:
@@ -174,6 +176,16 @@ class ResultStore(ABC):
     @abstractmethod
     def tasks(self, job_id: int) -> list[dict[str, Any]]:
         """The job's task rows in creation order."""
+
+    @abstractmethod
+    def set_task_budget(self, task_id: int, budget: int) -> None:
+        """Give the task a new trial budget (a model job's budget moves between its tasks)."""
+
+    @abstractmethod
+    def prior_best(self, workload_key: str, target_kind: str, exclude_job: int | None = None) -> list[dict[str, Any]]:
+        """The fastest ok trial of every task of `workload_key` on `target_kind`, of any job but
+        `exclude_job`, fastest first: the tuning records an earlier job left. Keys: `TRIAL_COLUMNS`
+        and the task's `job_id`, `target`, `template`, `template_version`, `workload`."""
 
     # Trials -----------------------------------------------------------------------------
 

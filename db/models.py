@@ -128,6 +128,8 @@ class TaskRecord(Base):
     template_version: Mapped[str] = mapped_column(String(50))
     space_size: Mapped[int] = mapped_column(BigInteger)  # spaces reach 1.8e10 configs
     budget: Mapped[int] = mapped_column(Integer)
+    # Calls of the kernel per inference of the model it came from (1 for a kernel tuned on its own).
+    weight: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
     # template@version + target kind + workload name: tasks whose measurements train one cost model.
     family_key: Mapped[str] = mapped_column(String(300), index=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 from sqlalchemy import Connection, Engine, Row, Select, func, insert, select, update
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
-from db.base import TASK_KEYS, TRIAL_COLUMNS, ResultStore
+from db.base import TASK_DEFAULTS, TASK_KEYS, TRIAL_COLUMNS, ResultStore
 from db.engine import dialect_insert, display_url, for_writing, make_engine, resolve_url
 from db.models import (
     CostModelRecord,
@@ -379,6 +379,35 @@ class SQLResultStore(ResultStore):
         with self._read() as connection:
             return [_dict(row) for row in connection.execute(_tasks_of(job_id))]
 
+    @_through_outages()
+    def set_task_budget(self, task_id: int, budget: int) -> None:
+        with self._write() as connection:
+            connection.execute(update(_TASKS).where(_TASKS.c.id == task_id).values(budget=budget))
+
+    @_through_outages()
+    def prior_best(self, workload_key: str, target_kind: str, exclude_job: int | None = None) -> list[dict[str, Any]]:
+        fastest = (
+            select(_TRIALS.c.task_id, func.min(_TRIALS.c.latency).label("latency"))
+            .join_from(_TRIALS, _TASKS, _TRIALS.c.task_id == _TASKS.c.id)
+            .where(_TASKS.c.workload_key == workload_key, _TASKS.c.target_kind == target_kind,
+                   _TASKS.c.job_id != (-1 if exclude_job is None else exclude_job),
+                   _TRIALS.c.status == Status.OK.value, _TRIALS.c.latency.is_not(None))
+            .group_by(_TRIALS.c.task_id)
+            .subquery()
+        )
+        task_columns = (_TASKS.c.job_id, _TASKS.c.target, _TASKS.c.template, _TASKS.c.template_version,
+                        _TASKS.c.workload)
+        statement = (
+            _trials_select().add_columns(*task_columns)
+            .join(fastest, (fastest.c.task_id == _TRIALS.c.task_id) & (fastest.c.latency == _TRIALS.c.latency))
+            .where(_TRIALS.c.status == Status.OK.value)
+            .order_by(_TRIALS.c.latency, _TRIALS.c.id)
+        )
+        with self._read() as connection:
+            rows = [_dict(row) for row in connection.execute(statement)]
+        seen: set[int] = set()  # one per task (two trials of a task may tie)
+        return [row for row in rows if not (row["task_id"] in seen or seen.add(row["task_id"]))]
+
     # Trials -----------------------------------------------------------------------------
 
     @_through_outages()
@@ -566,10 +595,10 @@ class SQLResultStore(ResultStore):
 
 def _task_row(task: dict[str, Any]) -> dict[str, Any]:
     missing = [key for key in TASK_KEYS if key not in task]
-    unknown = sorted(set(task) - set(TASK_KEYS))
+    unknown = sorted(set(task) - set(TASK_KEYS) - set(TASK_DEFAULTS))
     if missing or unknown:
         raise ValueError(f"task dict: missing keys {missing}, unknown keys {unknown}; expected {TASK_KEYS}")
-    return {key: task[key] for key in TASK_KEYS}
+    return {**TASK_DEFAULTS, **{key: task[key] for key in (*TASK_KEYS, *TASK_DEFAULTS) if key in task}}
 
 
 def _tasks_of(job_id: int) -> Select[Any]:

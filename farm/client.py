@@ -164,8 +164,26 @@ class Client:
         that run only a TVM RPC server. A workload may be a TIR PrimFunc (or an IRModule holding
         one: docs/tir.md); `templates` ``all`` tunes a kernel that several templates schedule with
         each of them (farm.core.jobspec.JobRequest.build)."""
-        request = JobRequest.build(workloads, target, trials, search=search, workers=workers, seed=seed,
-                                   batch_size=batch_size, rpc_keys=rpc_keys, name=name, templates=templates)
+        return self._queue(JobRequest.build(workloads, target, trials, search=search, workers=workers, seed=seed,
+                                            batch_size=batch_size, rpc_keys=rpc_keys, name=name, templates=templates))
+
+    def submit_model(self, model: Any, example_inputs: Sequence[Any] | None = None,
+                     target: str | dict[str, Any] | TargetSpec = "llvm", trials: int = 64, *,
+                     skip: Sequence[str] = (), budgets: dict[str, int] | None = None, retune: bool = False,
+                     input_shapes: dict[str, Sequence[int]] | None = None, **options: Any) -> Job:
+        """Queue one job tuning every kernel of `model` (a torch.nn.Module with `example_inputs`, a
+        torch.export program, an ONNX or .pt2 or .py file, a Relax IRModule, or a farm.core.model.Model)
+        for `target`, `trials` in all, handed to the kernels where the model's latency falls fastest.
+        Kernels tuned before on the same target are reused unless `retune`; `skip` and `budgets`
+        (kernel names or shell patterns) leave kernels out or fix their trials; `options` are
+        `submit`'s (search, workers, seed, ...). FarmError for bad input, having written nothing."""
+        from farm.core.model import Model, load_model, model_job
+
+        loaded = model if isinstance(model, Model) else load_model(model, example_inputs, input_shapes=input_shapes)
+        return self._queue(model_job(loaded, target, trials, skip=skip, budgets=budgets, retune=retune, **options))
+
+    def _queue(self, request: JobRequest) -> Job:
+        """Store a validated job; in process, start running it."""
         job = Job(self, self.store.submit(request))
         if self.in_process:
             self._run_here()

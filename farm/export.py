@@ -250,6 +250,40 @@ def _replays(task: Task, sch: Any) -> bool:
     return True
 
 
+def metaschedule_schedule(rec: dict[str, Any]) -> tuple[dict[str, Any], Task, Any]:
+    """(record, its task, the schedule its config makes) of a record MetaSchedule can replay;
+    FarmError, saying why and what to do instead, for one it cannot (write_metaschedule)."""
+    from farm.core.targets import parse_target
+    from farm.core.templates.base import tir_pipeline
+    from farm.core.workloads import workload_from_json
+
+    task = Task(workload_from_json(rec["workload"]), parse_target(rec["target"]), rec.get("template"))
+    sch = task.schedule(task.space.from_json(rec["config"]))
+    if tir_pipeline(sch.mod) != "default":
+        raise FarmError(f"{task.template.name} kernels are written in TIRx, not scheduled, so MetaSchedule "
+                        f"cannot replay them: export {task.workload} with --format farm (the default) and build "
+                        "it with `farm build`")
+    if not _replays(task, sch):
+        raise FarmError(f"{task.template.name} schedules {task.workload} from a rewritten PrimFunc, so "
+                        "MetaSchedule's replay of its trace on the workload would build another kernel: export "
+                        "it with --format farm (the default) and build it with `farm build`")
+    return rec, task, sch
+
+
+def commit(database: Any, scheduled: list[tuple[dict[str, Any], Task, Any]]) -> None:
+    """Commit each (record, task, schedule) of `metaschedule_schedule` to a MetaSchedule database:
+    the kernel's unscheduled PrimFunc as its workload, the schedule's trace, the measured latency."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from farm.core.templates.base import new_schedule
+
+    for rec, task, sch in scheduled:
+        mod = new_schedule(task.workload).mod
+        database.commit_tuning_record(ms.database.TuningRecord(
+            sch.trace, database.commit_workload(mod), [rec["latency_us"] / 1e6], task.target.tvm(),
+            ms.arg_info.ArgInfo.from_prim_func(mod["main"])))
+
+
 def write_metaschedule(records: list[dict[str, Any]], folder: str | Path) -> Path:
     """Write `records` as a MetaSchedule JSON database in `folder` (created; must not hold one).
 
@@ -261,35 +295,14 @@ def write_metaschedule(records: list[dict[str, Any]], folder: str | Path) -> Pat
     """
     from tvm.s_tir import meta_schedule as ms
 
-    from farm.core.targets import parse_target
-    from farm.core.templates.base import new_schedule, tir_pipeline
-    from farm.core.workloads import workload_from_json
-
-    scheduled = []  # (record, task, its schedule): each scheduled once, all before anything is written
-    for rec in records:
-        task = Task(workload_from_json(rec["workload"]), parse_target(rec["target"]), rec.get("template"))
-        sch = task.schedule(task.space.from_json(rec["config"]))
-        scheduled.append((rec, task, sch))
-        if tir_pipeline(sch.mod) != "default":
-            raise FarmError(f"{task.template.name} kernels are written in TIRx, not scheduled, so MetaSchedule "
-                            f"cannot replay them: export {task.workload} with --format farm (the default) and build "
-                            "it with `farm build`")
-        if not _replays(task, sch):
-            raise FarmError(f"{task.template.name} schedules {task.workload} from a rewritten PrimFunc, so "
-                            "MetaSchedule's replay of its trace on the workload would build another kernel: export "
-                            "it with --format farm (the default) and build it with `farm build`")
-
+    scheduled = [metaschedule_schedule(rec) for rec in records]  # all before anything is written
     out = check_output(folder, "metaschedule")
     files = [out / name for name in METASCHEDULE_FILES]
     # Build the database in a temporary folder, then move it into place: never half-written.
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        db = ms.database.JSONDatabase(str(tmp / files[0].name), str(tmp / files[1].name), allow_missing=True)
-        for rec, task, sch in scheduled:
-            mod = new_schedule(task.workload).mod
-            db.commit_tuning_record(ms.database.TuningRecord(
-                sch.trace, db.commit_workload(mod), [rec["latency_us"] / 1e6], task.target.tvm(),
-                ms.arg_info.ArgInfo.from_prim_func(mod["main"])))
+        commit(ms.database.JSONDatabase(str(tmp / files[0].name), str(tmp / files[1].name), allow_missing=True),
+               scheduled)
         out.mkdir(exist_ok=True)
         for f in files:
             os.replace(tmp / f.name, f)

@@ -66,6 +66,7 @@ from typing import Any
 from db.store import ResultStore
 from db.writer import ResultWriter
 from farm.core import metrics
+from farm.core.allocation import GradientAllocation, TaskState
 from farm.core.costmodel import StoredModel, warm_up
 from farm.core.errors import FarmError, one_line
 from farm.core.measure import MeasureResult, Status
@@ -90,6 +91,14 @@ CANCEL_POLL_SECONDS = 0.5
 # How long a stopped task waits for its chunks in flight, which the pool has stopped: each comes
 # back once the candidate it is measuring is measured (a hung one, after its time limit).
 STOP_GRACE_SECONDS = 3.0
+# Tasks of a job whose shard searches are kept between their slices (a model job's): each holds a
+# search process per worker.
+KEEP_SEARCHES = 4
+# The job spec's allocation that moves a model job's budget between its tasks (farm.core.allocation).
+GRADIENT = "gradient"
+# The origin of a trial copied from an earlier job's (a task tuned before: `_reuse`).
+REUSED = "reused"
+
 # Seconds a worker idles at a task's end before it stands in for the others' last chunks (the end
 # game, module docstring): the last chunks of workers going at the same pace come back within a
 # second or two of each other, and those are waited for rather than measured twice
@@ -126,43 +135,164 @@ def run_job(
     "cancelled"). Results are written through one batched writer of `store`. The job stops as
     if cancelled when the store says it was cancelled or `should_stop()` is true, both asked
     about every CANCEL_POLL_SECONDS: nothing more is handed out, the pool stops the work in flight
-    (`WorkerPool.cancel`), and what was measured by then is kept."""
-    tasks = store.tasks(job_id)
-    for row in tasks:
+    (`WorkerPool.cancel`), and what was measured by then is kept.
+
+    A job whose spec says ``"allocation": "gradient"`` (a model's) has its budget handed to its
+    tasks a slice at a time where the model's latency falls fastest (`_allocate`); any other runs
+    its tasks one after the other, each to the budget it was created with."""
+    rows = store.tasks(job_id)
+    spec = (store.job(job_id) or {}).get("spec", {})
+    for row in rows:
         metrics.set_task_progress(job_id, row["id"], store.trial_count(row["id"]), row["budget"])
     try:
         with store.writer() as writer:
-            for number, row in enumerate(tasks):
-                task = Task.from_json(row)
-
-                def report(done: int, best: float | None, last: list[MeasureResult], number: int = number,
-                           task: Task = task, row: dict[str, Any] = row) -> None:
-                    metrics.set_task_progress(job_id, row["id"], done, row["budget"])
-                    if best is not None:
-                        metrics.set_task_best(job_id, row["id"], workload_label(row["workload"], params=False), best,
-                                              task.workload.flops() / best / 1e9)
-                    if on_progress is not None:
-                        on_progress(Progress(number, len(tasks), task, done, row["budget"], best, last))
-
-                measured = store.measured_indices(row["id"])
-                start = time.monotonic()
-                log.info("task %s: starting %s shard searches", row["id"], search)
-                searches = pool.searches(search, task, seed, measured)
-                log.info("task %s: %d shard searches (%s) started in %.1f s", row["id"], searches.count, search,
-                         time.monotonic() - start)
-                strategy, options = parse_search(search)
-                try:
-                    loop = _TaskLoop(store, writer, job_id, row, task, pool, searches, batch_size, report,
-                                     len(measured), should_stop, guided=strategy.guided,
-                                     refresh=int(options.get("refresh", 0)))
-                    status = loop.run(stall_seconds)
-                finally:
-                    searches.close()
-                if status == "cancelled":
-                    return status
-        return "done"
+            tasks = _Tasks(store, writer, job_id, pool, search, seed, batch_size, on_progress, stall_seconds,
+                           should_stop, len(rows))
+            try:
+                if spec.get("allocation") == GRADIENT:
+                    return _allocate(tasks, rows, spec)
+                for number, row in enumerate(rows):
+                    if tasks.run(number, row).status == "cancelled":
+                        return "cancelled"
+                return "done"
+            finally:
+                tasks.close()
     finally:
         metrics.clear_job(job_id)
+
+
+@dataclass
+class _Ran:
+    """What one run of a task's loop ended with."""
+
+    status: str
+    trials: int
+    best: float | None
+    exhausted: bool
+
+
+class _Tasks:
+    """Runs a job's tasks, each to its budget, with the searches of the last KEEP_SEARCHES tasks kept
+    between runs (a model job comes back to a task for each slice of its budget)."""
+
+    def __init__(self, store: ResultStore, writer: ResultWriter, job_id: int, pool: WorkerPool, search: str,
+                 seed: int, batch_size: int, on_progress: Callable[[Progress], None] | None, stall_seconds: float,
+                 should_stop: Callable[[], bool], count: int) -> None:
+        self.store, self.writer, self.job_id, self.pool = store, writer, job_id, pool
+        self.search, self.seed, self.batch_size, self.count = search, seed, batch_size, count
+        self.on_progress, self.stall_seconds, self.should_stop = on_progress, stall_seconds, should_stop
+        self.devices: set[str] = set()  # the devices this job's trials ran on so far
+        self._searches: dict[int, tuple[Task, ShardSearches]] = {}  # task id -> its searches, oldest first
+
+    def run(self, number: int, row: dict[str, Any], on_result: Callable[[], None] | None = None) -> _Ran:
+        """Run task `row` (the `number`th of the job) to `row["budget"]`; `on_result` after each chunk."""
+        task, searches = self._searches_of(row)
+        job_id = self.job_id
+
+        def report(done: int, best: float | None, last: list[MeasureResult]) -> None:
+            self.devices.update(r.device for r in last if r.device)
+            metrics.set_task_progress(job_id, row["id"], done, row["budget"])
+            if best is not None:
+                metrics.set_task_best(job_id, row["id"], workload_label(row["workload"], params=False), best,
+                                      task.workload.flops() / best / 1e9)
+            if on_result is not None:
+                on_result()
+            if self.on_progress is not None:
+                self.on_progress(Progress(number, self.count, task, done, row["budget"], best, last))
+
+        strategy, options = parse_search(self.search)
+        loop = _TaskLoop(self.store, self.writer, job_id, row, task, self.pool, searches, self.batch_size, report,
+                         len(self.store.measured_indices(row["id"])), self.should_stop, guided=strategy.guided,
+                         refresh=int(options.get("refresh", 0)))
+        status = loop.run(self.stall_seconds)
+        return _Ran(status, loop.done, loop.best, loop.exhausted)
+
+    def _searches_of(self, row: dict[str, Any]) -> tuple[Task, ShardSearches]:
+        if row["id"] in self._searches:
+            self._searches[row["id"]] = self._searches.pop(row["id"])  # the newest now
+            return self._searches[row["id"]]
+        task = Task.from_json(row)
+        while len(self._searches) >= KEEP_SEARCHES:
+            self._searches.pop(next(iter(self._searches)))[1].close()
+        start = time.monotonic()
+        log.info("task %s: starting %s shard searches", row["id"], self.search)
+        searches = self.pool.searches(self.search, task, self.seed, self.store.measured_indices(row["id"]))
+        log.info("task %s: %d shard searches (%s) started in %.1f s", row["id"], searches.count, self.search,
+                 time.monotonic() - start)
+        self._searches[row["id"]] = (task, searches)
+        return task, searches
+
+    def close(self) -> None:
+        for _, searches in self._searches.values():
+            searches.close()
+        self._searches.clear()
+
+
+def _allocate(tasks: _Tasks, rows: list[dict[str, Any]], spec: dict[str, Any]) -> str:
+    """A model job (farm.core.allocation): the tasks given a budget at submission run to it first;
+    then the rest of the job's budget goes to the others a slice (a round: workers x batch size) at a
+    time, each task's first slice in turn, then where the model's latency is expected to fall most.
+
+    A task tuned before (its kernel, target and template version, by another job, on a device this
+    job measures on) is not tuned again unless the spec says ``retune``: its fastest trial is copied
+    into this job (origin ``reused``), so its export, status and the model's latency have it. Tasks
+    that have such a record wait until this job's first trials say which devices it measures on."""
+    store, job_id = tasks.store, tasks.job_id
+    fixed = [row for row in rows if row["budget"] > 0]
+    for number, row in enumerate(rows):
+        if row["budget"] > 0 and tasks.run(number, row).status == "cancelled":
+            return "cancelled"
+    free = [(number, row) for number, row in enumerate(rows) if row["budget"] == 0]
+    prior = {row["id"]: [] if spec.get("retune") else _reusable(store, row) for _, row in free}
+    free.sort(key=lambda item: bool(prior[item[1]["id"]]))  # those without a record first: they say the device
+    states = [TaskState(row["weight"], Task.from_json(row).workload.flops(), row["family_key"]) for _, row in free]
+    budget = int(store.job(job_id)["trials_budget"]) - sum(row["budget"] for row in fixed)
+    allocation = GradientAllocation(states, budget, tasks.pool.size * tasks.batch_size, seed=tasks.seed)
+    while (step := allocation.next()) is not None:
+        index, grant = step
+        number, row = free[index]
+        state = states[index]
+        if state.trials == 0 and (record := _on_devices(prior[row["id"]], tasks.devices)) is not None:
+            _reuse(store, tasks.writer, row, record)
+            allocation.observe(index, 1, record["latency"], True, 0)
+            log.info("task %s: %s reused from job %s (%.2f us on %s), not tuned again", row["id"],
+                     workload_label(row["workload"], params=False), record["job_id"], record["latency"] * 1e6,
+                     record["device"])
+            continue
+        row["budget"] += grant
+        store.set_task_budget(row["id"], row["budget"])
+        ran = tasks.run(number, row)
+        if ran.status == "cancelled":
+            return "cancelled"
+        if ran.exhausted or ran.trials < row["budget"]:  # its space ran out: the rest of the grant goes back
+            row["budget"] = ran.trials
+            store.set_task_budget(row["id"], ran.trials)
+        allocation.observe(index, ran.trials, ran.best, ran.exhausted, grant)
+    return "done"
+
+
+def _reusable(store: ResultStore, row: dict[str, Any]) -> list[dict[str, Any]]:
+    """Earlier jobs' fastest trials of the task's kernel on its target with its template's version."""
+    return [r for r in store.prior_best(row["workload_key"], row["target_kind"], exclude_job=row["job_id"])
+            if r["target"] == row["target"] and r["template"] == row["template"]
+            and r["template_version"] == row["template_version"]]
+
+
+def _on_devices(records: list[dict[str, Any]], devices: set[str]) -> dict[str, Any] | None:
+    """The fastest of `records` measured on one of `devices` (None if none, or no device known yet)."""
+    return next((r for r in records if r["device"] in devices), None)
+
+
+def _reuse(store: ResultStore, writer: ResultWriter, row: dict[str, Any], record: dict[str, Any]) -> None:
+    """Copy an earlier job's trial into task `row` as its one trial (origin ``reused``)."""
+    fields = ("config_index", "config", "error", "latencies", "build_seconds", "run_seconds", "device", "worker",
+              "shard", "round", "timeline")
+    result = MeasureResult(status=Status.OK, origin=REUSED, **{k: record[k] for k in fields})
+    result.timeline = result.timeline or {}
+    writer.record(row["id"], result)
+    writer.flush()
+    row["budget"] = 1
+    store.set_task_budget(row["id"], 1)
 
 
 @dataclass

@@ -1,0 +1,94 @@
+"""Where a model job's next trials go: the task whose next slice of trials is expected to lower the
+model's latency (Σ weight x best latency over its tasks) the most.
+
+The anchor is Ansor's gradient task scheduler (also MetaSchedule's "gradient"): each task is
+visited once (its warm-up slice), then the next slice goes to the task of the steepest expected
+descent of the model's latency per trial,
+
+    w_i * (ALPHA * backward_i + (1 - ALPHA) * forward_i)
+
+- backward: how much the task's best latency fell per trial over its last WINDOW trials;
+- forward: how much it may still fall, the larger of two guesses: its latency shrinking per trial as
+  over its trials so far (g / t), and the gap to the latency it would have at 1/BETA of the best
+  throughput (FLOP/s) of its family's tasks in this job (a task far behind its siblings has the most
+  to gain).
+
+A task whose space is exhausted gets nothing more; one with no correct trial yet after its warm-up
+is weighed by the model's worst task latency (it must find one). With probability EPSILON a slice
+goes to a task at random among those that can take one, so that no estimate starves a task forever.
+Tasks with a budget the user fixed, and tasks reused from earlier jobs, are outside the allocation.
+
+Pure logic: the scheduler (scheduler.tuner) tells it each slice's outcome and asks for the next.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+ALPHA = 0.2
+BETA = 2.0
+EPSILON = 0.05
+WINDOW = 32  # trials over which the backward gradient is taken
+
+
+@dataclass
+class TaskState:
+    """One task as the allocation sees it."""
+
+    weight: int
+    flops: int
+    family: str
+    trials: int = 0
+    best: float | None = None  # seconds
+    exhausted: bool = False
+    history: list[tuple[int, float]] = field(default_factory=list)  # (trials, best) after each slice
+
+
+class GradientAllocation:
+    """Slices of a job's budget to its tasks (module docstring). `states` are the tasks the
+    allocation may give trials to, in the order their warm-up slices go out."""
+
+    def __init__(self, states: list[TaskState], budget: int, slice_trials: int, seed: int = 0) -> None:
+        self.states = states
+        self.left = budget
+        self.slice = max(1, slice_trials)
+        self._rng = random.Random(seed)
+
+    def next(self) -> tuple[int, int] | None:
+        """(task index, trials) of the next slice, or None when the budget or every space is spent."""
+        open_ = [i for i, s in enumerate(self.states) if not s.exhausted]
+        if self.left <= 0 or not open_:
+            return None
+        cold = [i for i in open_ if self.states[i].trials == 0]
+        if cold:
+            index = cold[0]
+        elif self._rng.random() < EPSILON:
+            index = self._rng.choice(open_)
+        else:
+            index = max(open_, key=lambda i: (self.gradient(i), -i))
+        return index, min(self.slice, self.left)
+
+    def observe(self, index: int, trials: int, best: float | None, exhausted: bool, granted: int) -> None:
+        """The slice of `granted` trials given to task `index` ended: it has `trials` now, `best`
+        its fastest (seconds, None if none ran correctly), `exhausted` whether its space is spent."""
+        state = self.states[index]
+        used = trials - state.trials
+        self.left -= used if exhausted else granted
+        state.trials, state.best, state.exhausted = trials, best, exhausted
+        if best is not None:
+            state.history.append((trials, best))
+
+    def gradient(self, index: int) -> float:
+        """The task's expected reduction of the model's latency per trial, in weighted seconds."""
+        state = self.states[index]
+        if state.best is None:
+            known = [s.best * s.weight for s in self.states if s.best is not None]
+            return max(known, default=1.0)
+        best, trials = state.best, max(1, state.trials)
+        earlier = [b for t, b in state.history if t <= trials - WINDOW]
+        backward = (earlier[-1] - best) / WINDOW if earlier else best / trials
+        siblings = [s.flops / s.best for s in self.states if s.family == state.family and s.best and s.flops]
+        gap = best - BETA * state.flops / max(siblings) if siblings else 0.0
+        forward = max(best / trials, gap)
+        return state.weight * (ALPHA * backward + (1 - ALPHA) * forward)
