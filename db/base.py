@@ -157,8 +157,9 @@ class ResultStore(ABC):
     def job(self, job_id: int) -> dict[str, Any] | None:
         """The job's row, plus ``tasks`` (see `tasks`) and ``trials`` (its total); None if absent.
 
-        Each task dict also has ``counts`` ({trial status: number}), ``trials`` (its total)
-        and ``best_latency`` (seconds, None before an ok trial).
+        Each task dict also has ``counts`` ({trial status: number}), ``trials`` (its total),
+        ``best_latency`` (seconds, None before an ok trial) and ``reused`` (whether its record was
+        copied from an earlier job: origin ``reused``).
         """
 
     @abstractmethod

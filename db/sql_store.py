@@ -330,8 +330,14 @@ class SQLResultStore(ResultStore):
                 .where(_TRIALS.c.task_id.in_(select(_TASKS.c.id).where(_TASKS.c.job_id == job_id)))
                 .group_by(_TRIALS.c.task_id, _TRIALS.c.status)
             ).all()
+            reused = set(connection.execute(
+                select(_TRIALS.c.task_id).distinct()
+                .where(_TRIALS.c.task_id.in_(select(_TASKS.c.id).where(_TASKS.c.job_id == job_id)),
+                       _TRIALS.c.origin == "reused")
+            ).scalars())
         by_task: dict[int, dict[str, Any]] = {
-            task["id"]: {"counts": {}, "trials": 0, "best_latency": None} for task in tasks
+            task["id"]: {"counts": {}, "trials": 0, "best_latency": None, "reused": task["id"] in reused}
+            for task in tasks
         }
         for task_id, status, count, fastest in stats:
             summary = by_task[task_id]

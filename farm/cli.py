@@ -16,6 +16,7 @@ from rich.table import Table
 from typer.core import TyperCommand
 
 from deploy.cluster import cluster_app
+from farm.cli_model import build_model, tune_model
 from farm.core.errors import FarmError
 from farm.core.files import replacing, writable_file, writable_folder
 from farm.core.workloads import workload_label
@@ -577,6 +578,10 @@ def db_upgrade(db: DbOption = None) -> None:
     before = current(db)
     upgrade(db)
     out.print(f"{display_url(db)}: schema at {head()} (was {before or 'empty'})")
+
+
+app.command("tune-model", cls=_SearchHelpCommand)(tune_model)
+app.command("build-model")(build_model)
 
 
 def _open_store(db: str | None, must_exist: bool = False) -> ResultStore:

@@ -164,8 +164,9 @@ class Client:
         that run only a TVM RPC server. A workload may be a TIR PrimFunc (or an IRModule holding
         one: docs/tir.md); `templates` ``all`` tunes a kernel that several templates schedule with
         each of them (farm.core.jobspec.JobRequest.build)."""
-        return self._queue(JobRequest.build(workloads, target, trials, search=search, workers=workers, seed=seed,
-                                            batch_size=batch_size, rpc_keys=rpc_keys, name=name, templates=templates))
+        return self.submit_request(JobRequest.build(
+            workloads, target, trials, search=search, workers=workers, seed=seed, batch_size=batch_size,
+            rpc_keys=rpc_keys, name=name, templates=templates))
 
     def submit_model(self, model: Any, example_inputs: Sequence[Any] | None = None,
                      target: str | dict[str, Any] | TargetSpec = "llvm", trials: int = 64, *,
@@ -180,10 +181,12 @@ class Client:
         from farm.core.model import Model, load_model, model_job
 
         loaded = model if isinstance(model, Model) else load_model(model, example_inputs, input_shapes=input_shapes)
-        return self._queue(model_job(loaded, target, trials, skip=skip, budgets=budgets, retune=retune, **options))
+        return self.submit_request(model_job(loaded, target, trials, skip=skip, budgets=budgets, retune=retune,
+                                             **options))
 
-    def _queue(self, request: JobRequest) -> Job:
-        """Store a validated job; in process, start running it."""
+    def submit_request(self, request: JobRequest) -> Job:
+        """Queue a validated job (farm.core.jobspec.JobRequest, farm.core.model.model_job); in
+        process, start running it."""
         job = Job(self, self.store.submit(request))
         if self.in_process:
             self._run_here()

@@ -230,8 +230,9 @@ class _Tasks:
 
 def _allocate(tasks: _Tasks, rows: list[dict[str, Any]], spec: dict[str, Any]) -> str:
     """A model job (farm.core.allocation): the tasks given a budget at submission run to it first;
-    then the rest of the job's budget goes to the others a slice (a round: workers x batch size) at a
-    time, each task's first slice in turn, then where the model's latency is expected to fall most.
+    then the rest of the job's budget goes to the others a slice (a round: workers x batch size, less
+    where the budget is too small to give each task one) at a time, each task's first slice in turn,
+    then where the model's latency is expected to fall most.
 
     A task tuned before (its kernel, target and template version, by another job, on a device this
     job measures on) is not tuned again unless the spec says ``retune``: its fastest trial is copied
@@ -247,14 +248,16 @@ def _allocate(tasks: _Tasks, rows: list[dict[str, Any]], spec: dict[str, Any]) -
     free.sort(key=lambda item: bool(prior[item[1]["id"]]))  # those without a record first: they say the device
     states = [TaskState(row["weight"], Task.from_json(row).workload.flops(), row["family_key"]) for _, row in free]
     budget = int(store.job(job_id)["trials_budget"]) - sum(row["budget"] for row in fixed)
-    allocation = GradientAllocation(states, budget, tasks.pool.size * tasks.batch_size, seed=tasks.seed)
+    # A slice is a round of the pool, or less where the budget would not give every task a first one.
+    slice_trials = max(1, min(tasks.pool.size * tasks.batch_size, budget // max(1, len(states))))
+    allocation = GradientAllocation(states, budget, slice_trials, seed=tasks.seed)
     while (step := allocation.next()) is not None:
         index, grant = step
         number, row = free[index]
         state = states[index]
         if state.trials == 0 and (record := _on_devices(prior[row["id"]], tasks.devices)) is not None:
             _reuse(store, tasks.writer, row, record)
-            allocation.observe(index, 1, record["latency"], True, 0)
+            allocation.reuse(index, record["latency"])
             log.info("task %s: %s reused from job %s (%.2f us on %s), not tuned again", row["id"],
                      workload_label(row["workload"], params=False), record["job_id"], record["latency"] * 1e6,
                      record["device"])
@@ -267,7 +270,7 @@ def _allocate(tasks: _Tasks, rows: list[dict[str, Any]], spec: dict[str, Any]) -
         if ran.exhausted or ran.trials < row["budget"]:  # its space ran out: the rest of the grant goes back
             row["budget"] = ran.trials
             store.set_task_budget(row["id"], ran.trials)
-        allocation.observe(index, ran.trials, ran.best, ran.exhausted, grant)
+        allocation.observe(index, ran.trials, ran.best, ran.exhausted)
     return "done"
 
 

@@ -16,7 +16,7 @@ WANT=$(sha256sum pyproject.toml | cut -d' ' -f1)
 if [[ ! -f $STAMP || "$(cat "$STAMP")" != "$WANT" ]]; then
   echo "setup: installing dependencies into .venv (first time: about a minute)" >&2
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -e '.[dev]'
+  .venv/bin/python -m pip install -q -e '.[dev,models]'
   echo "$WANT" > "$STAMP"
 fi
 

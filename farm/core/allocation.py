@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from typing import Any
 
 ALPHA = 0.2
 BETA = 2.0
@@ -69,12 +70,18 @@ class GradientAllocation:
             index = max(open_, key=lambda i: (self.gradient(i), -i))
         return index, min(self.slice, self.left)
 
-    def observe(self, index: int, trials: int, best: float | None, exhausted: bool, granted: int) -> None:
-        """The slice of `granted` trials given to task `index` ended: it has `trials` now, `best`
-        its fastest (seconds, None if none ran correctly), `exhausted` whether its space is spent."""
+    def reuse(self, index: int, best: float) -> None:
+        """Task `index` takes an earlier job's record (`best` seconds): it needs no trial of this job."""
         state = self.states[index]
-        used = trials - state.trials
-        self.left -= used if exhausted else granted
+        state.best, state.exhausted = best, True
+        state.history.append((state.trials, best))
+
+    def observe(self, index: int, trials: int, best: float | None, exhausted: bool) -> None:
+        """A slice given to task `index` ended: it has `trials` now (those it measured in the slice
+        come off the budget), `best` its fastest (seconds, None if none ran correctly), `exhausted`
+        whether its space is spent."""
+        state = self.states[index]
+        self.left -= trials - state.trials
         state.trials, state.best, state.exhausted = trials, best, exhausted
         if best is not None:
             state.history.append((trials, best))
@@ -92,3 +99,41 @@ class GradientAllocation:
         gap = best - BETA * state.flops / max(siblings) if siblings else 0.0
         forward = max(best / trials, gap)
         return state.weight * (ALPHA * backward + (1 - ALPHA) * forward)
+
+
+@dataclass(frozen=True)
+class KernelShare:
+    """One kernel of a model job as `model_latency` sums it."""
+
+    name: str
+    weight: int
+    best: float | None  # seconds: its fastest correct trial over its tasks (one per template)
+    trials: int
+    reused: bool  # its record came from an earlier job
+
+
+def model_kernels(tasks: list[dict[str, Any]]) -> list[KernelShare]:
+    """The kernels of a model job's status document (ResultStore.job's tasks): tasks of one kernel
+    (tuned with several templates) together, in the job's order."""
+    kernels: dict[str, KernelShare] = {}
+    for task in tasks:
+        key = task["workload_key"]
+        best = task["best_latency"]
+        known = kernels.get(key)
+        if known is not None:
+            fastest = min((b for b in (known.best, best) if b is not None), default=None)
+            kernels[key] = KernelShare(known.name, known.weight, fastest, known.trials + task["trials"],
+                                       known.reused and task.get("reused", False))
+        else:
+            name = task["workload"].get("params", {}).get("func", task["workload"]["name"])
+            kernels[key] = KernelShare(name, int(task.get("weight", 1)), best, task["trials"],
+                                       bool(task.get("reused", False)))
+    return list(kernels.values())
+
+
+def model_latency(kernels: list[KernelShare]) -> float | None:
+    """The model's estimated latency: Σ weight x best latency of its kernels (seconds); None until
+    every kernel has a correct trial. Launch gaps and the kernels left out are not in it."""
+    if any(k.best is None for k in kernels):
+        return None
+    return sum(k.weight * k.best for k in kernels if k.best is not None)

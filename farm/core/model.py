@@ -21,9 +21,11 @@ the frontend does not support (named), dynamic shapes, example inputs the model 
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
+import logging
 import runpy
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -212,7 +214,8 @@ def _load_file(path: Path, example_inputs: Sequence[Any] | None, name: str | Non
     if path.suffix == ".pt2":
         torch = _torch()
         try:
-            program = torch.export.load(str(path))
+            with _quiet_torch():
+                program = torch.export.load(str(path))
         except Exception as e:  # a zip that is not an export, a file that is no zip
             raise FarmError(f"{path} is not a saved torch.export program ({one_line(e)})") from None
         return _from_exported(program, name)
@@ -250,12 +253,25 @@ def _from_module(module: Any, example_inputs: Any, name: str) -> Model:
     if not args or not all(isinstance(a, torch.Tensor) for a in args):
         raise FarmError(f"example inputs must be tensors, got {brief([type(a).__name__ for a in args])}")
     try:
-        with torch.no_grad():
+        with torch.no_grad(), _quiet_torch():
             program = torch.export.export(module.eval(), args)
     except Exception as e:  # a shape mismatch in forward, an untraceable construct
         shapes = ", ".join("x".join(map(str, a.shape)) for a in args)
         raise FarmError(f"the model does not run on example inputs of shape {shapes}: {one_line(e)}") from None
     return _from_exported(program, name)
+
+
+@contextlib.contextmanager
+def _quiet_torch() -> Iterator[None]:
+    """PyTorch's loggers muted: a failed export or load logs its traceback before it raises, and the
+    farm says it in one line instead."""
+    logger = logging.getLogger("torch")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def _torch_runner(module: Any) -> Callable[[list[np.ndarray]], list[np.ndarray]]:

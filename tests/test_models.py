@@ -1,0 +1,253 @@
+"""Whole models (issue 47) on llvm: import from PyTorch and ONNX, tasks with weights, one job whose
+budget moves between the model's kernels, reuse of kernels tuned before, a compiled model checked
+against its framework, and bad input refused in one line with nothing written."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from farm.core.allocation import GradientAllocation, TaskState, model_kernels, model_latency
+from farm.core.errors import FarmError
+from farm.core.targets import parse_target
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("onnx")
+
+LLVM = parse_target("llvm")
+ROOT = Path(__file__).resolve().parent.parent
+
+# A model file as a user writes one: `model` and `example_inputs`. Its two 3x3 convolutions of 8
+# channels at 8x8 are the same kernel (weight 2); `width` changes the last layer only.
+MODEL_PY = """
+import torch
+
+class Net(torch.nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.body = torch.nn.Sequential(torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.ReLU(),
+                                        torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.ReLU())
+        self.head = torch.nn.Linear(8, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.body(torch.relu(self.stem(x)))
+        return self.head(x.mean((2, 3)))
+
+torch.manual_seed(0)
+model = Net({width})
+example_inputs = (torch.randn(1, 3, 8, 8),)
+"""
+
+
+def farm(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "farm", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=900)
+
+
+def model_file(folder: Path, width: int = 10, name: str = "net.py") -> Path:
+    path = folder / name
+    path.write_text(MODEL_PY.format(width=width))
+    return path
+
+
+def one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("farm: error:")]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def net(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from farm.core.model import load_model
+
+    return load_model(model_file(tmp_path_factory.mktemp("net")))
+
+
+def test_a_model_imports_the_same_from_every_form(net: Any, tmp_path: Path) -> None:
+    """A module with inputs, a saved torch.export program, a .py file and an ONNX export give the
+    model's kernels with their weights (the two identical convolutions: one task, weight 2)."""
+    import runpy
+
+    from farm.core.model import load_model
+
+    scope = runpy.run_path(str(model_file(tmp_path)))
+    module, inputs = scope["model"], scope["example_inputs"]
+    tasks = net.tasks(LLVM)
+    weights = {t.name: t.weight for t in tasks}
+    assert sorted(weights.values()) == [1, 1, 1, 2] and net.inputs[0].shape == (1, 3, 8, 8)
+    assert weights[max(weights, key=weights.get)] == 2 and "conv2d" in max(weights, key=weights.get)
+
+    program = torch.export.export(module.eval(), inputs)
+    torch.export.save(program, tmp_path / "net.pt2")
+    torch.onnx.export(module, inputs, tmp_path / "net.onnx", dynamo=False, input_names=["x"])
+    for source in (module, tmp_path / "net.pt2"):
+        loaded = load_model(source, inputs)
+        assert loaded.hash == net.hash  # the same Relax program, weights included
+    onnx_tasks = load_model(tmp_path / "net.onnx").tasks(LLVM)
+    assert sorted(t.weight for t in onnx_tasks) == [1, 1, 1, 2]
+    assert {t.workload.flops() for t in onnx_tasks} == {t.workload.flops() for t in tasks}
+
+
+def test_model_job_weights_skips_and_fixed_budgets(net: Any) -> None:
+    from farm.core.model import model_job
+
+    request = model_job(net, "llvm", 40, skip=["mean*"], budgets={"fused_matmul*": 5})
+    rows = request.task_rows()
+    names = [r["workload"]["params"]["func"] for r in rows]
+    assert not any(n.startswith("mean") for n in names) and len(rows) == 3
+    assert {r["budget"] for r in rows if r["workload"]["params"]["func"].startswith("fused_matmul")} == {5}
+    assert sum(r["budget"] for r in rows) == 5  # the rest is the allocation's to hand out
+    assert sorted(r["weight"] for r in rows) == [1, 1, 2]
+    assert request.spec()["allocation"] == "gradient" and request.spec()["model"]["hash"] == net.hash
+    with pytest.raises(FarmError, match="matches no kernel"):
+        model_job(net, "llvm", 40, skip=["softmax*"])
+    with pytest.raises(FarmError, match="more than the job's"):
+        model_job(net, "llvm", 40, budgets={"*": 30})
+
+
+def test_gradient_allocation_warms_up_every_task_then_follows_the_steepest() -> None:
+    """Each task gets a first slice in order; then the slice goes where weight x expected gain is
+    largest; an exhausted space gives its unused trials back; the budget is never exceeded."""
+    states = [TaskState(weight=1, flops=10**6, family="a"), TaskState(weight=4, flops=10**6, family="a"),
+              TaskState(weight=1, flops=10**6, family="b")]
+    plan = GradientAllocation(states, budget=100, slice_trials=10)
+    given = []
+    latencies = {0: 1e-3, 1: 1e-3, 2: 1e-6}
+    while (step := plan.next()) is not None:
+        index, n = step
+        given.append(index)
+        exhausted = index == 2  # a tiny space: done after its first slice, with 3 trials
+        trials = 3 if exhausted else states[index].trials + n
+        plan.observe(index, trials, latencies[index], exhausted)
+    assert given[:3] == [0, 1, 2]
+    later = given[3:]
+    assert 2 not in later and later.count(1) > later.count(0)  # the heavier task of equal latency
+    assert sum(s.trials for s in states) <= 100
+    assert sum(s.trials for s in states) >= 100 - 10  # what is left is less than one slice
+
+
+def test_model_latency_sums_weighted_kernels_fastest_template() -> None:
+    tasks = [{"workload_key": "k1", "workload": {"name": "tir", "params": {"func": "conv"}}, "weight": 2,
+              "best_latency": 3e-6, "trials": 10},
+             {"workload_key": "k1", "workload": {"name": "tir", "params": {"func": "conv"}}, "weight": 2,
+              "best_latency": 2e-6, "trials": 5},
+             {"workload_key": "k2", "workload": {"name": "tir", "params": {"func": "mean"}}, "weight": 1,
+              "best_latency": 1e-6, "trials": 4, "reused": True}]
+    kernels = model_kernels(tasks)
+    assert [(k.name, k.weight, k.best, k.trials) for k in kernels] == [("conv", 2, 2e-6, 15), ("mean", 1, 1e-6, 4)]
+    assert model_latency(kernels) == pytest.approx(5e-6) and kernels[1].reused
+    assert model_latency(model_kernels([{**tasks[0], "best_latency": None}])) is None
+
+
+def test_tune_a_model_build_it_and_reuse_its_kernels(tmp_path: Path) -> None:
+    """`farm tune-model` on 2 llvm workers spends exactly its budget over the model's kernels;
+    `farm build-model` compiles it with every kernel from tuning, checked against PyTorch eager, into a
+    library TVM's runtime runs. A second model sharing all but its last layer spends its budget on
+    that layer alone (the shared kernels' records are reused); --retune tunes them again."""
+    import tvm
+    from tvm import relax
+
+    db = f"sqlite:///{tmp_path / 'farm.db'}"
+    first = model_file(tmp_path, 10, "first.py")
+    proc = farm("tune-model", str(first), "--trials", "24", "--workers", "2", "--batch-size", "2", "--db", db,
+                "--export", "best.json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "estimated model latency" in proc.stdout
+    with sqlite3.connect(tmp_path / "farm.db") as con:
+        per_task = con.execute("SELECT tasks.id, tasks.budget, count(trials.id), count(DISTINCT config_index) "
+                               "FROM tasks LEFT JOIN trials ON trials.task_id = tasks.id GROUP BY tasks.id").fetchall()
+    assert sum(n for _, _, n, _ in per_task) == 24  # the job's budget, exactly
+    assert all(n == distinct == budget and n > 0 for _, budget, n, distinct in per_task)  # each kernel tuned
+
+    proc = farm("build-model", str(first), "--target", "llvm", "--best", "best.json", "-o", "first.so",
+                cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "4 of 4 kernels from tuning" in proc.stdout and "outputs match PyTorch eager" in proc.stdout
+    vm = relax.VirtualMachine(tvm.runtime.load_module(str(tmp_path / "first.so")), tvm.cpu())
+    x = np.random.default_rng(1).uniform(-1, 1, (1, 3, 8, 8)).astype("float32")
+    import runpy
+
+    module = runpy.run_path(str(first))["model"].eval()
+    expected = module(torch.from_numpy(x)).detach().numpy()
+    got = vm["main"](tvm.runtime.tensor(x))
+    got = got[0] if not isinstance(got, tvm.runtime.Tensor) else got
+    np.testing.assert_allclose(got.numpy(), expected, rtol=1e-4, atol=1e-5)
+
+    second = model_file(tmp_path, 12, "second.py")
+    proc = farm("tune-model", str(second), "--trials", "8", "--workers", "1", "--batch-size", "2", "--db", db,
+                cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    job = _job(tmp_path, 2)
+    reused = [t for t in job if t["origin"] == "reused"]
+    tuned = [t for t in job if t["origin"] != "reused"]
+    assert len(reused) == 3 and all(t["trials"] == 1 for t in reused)  # the shared kernels: not tuned again
+    assert [t["trials"] for t in tuned] == [8] and tuned[0]["func"].startswith("fused_matmul")
+    assert proc.stdout.count("reused") == 3
+
+    proc = farm("tune-model", str(second), "--trials", "8", "--workers", "1", "--batch-size", "2", "--db", db,
+                "--retune", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert not any(t["origin"] == "reused" for t in _job(tmp_path, 3))
+
+    # The database as a store of records: a build of the second model takes every kernel from it.
+    proc = farm("build-model", str(second), "--target", "llvm", "--db", db, "-o", "second.so", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "4 of 4 kernels from tuning" in proc.stdout
+
+
+def _job(folder: Path, job_id: int) -> list[dict[str, Any]]:
+    """Each task of a job: its kernel's name, trial count, and the origin of its first trial."""
+    with sqlite3.connect(folder / "farm.db") as con:
+        rows = con.execute("SELECT tasks.workload, count(trials.id), min(trials.origin) FROM tasks "
+                           "JOIN trials ON trials.task_id = tasks.id WHERE tasks.job_id = ? GROUP BY tasks.id",
+                           (job_id,)).fetchall()
+    return [{"func": json.loads(w)["params"]["func"], "trials": n, "origin": o} for w, n, o in rows]
+
+
+BAD_MODELS = {
+    # an operator TVM's PyTorch frontend does not have: named in the error
+    "unsupported.py": ("import torch\nclass M(torch.nn.Module):\n    def forward(self, x):\n"
+                       "        return torch.special.bessel_j0(x)\nmodel = M()\nexample_inputs = (torch.randn(4),)\n",
+                       "bessel_j0"),
+    "wrong_inputs.py": ("import torch\nmodel = torch.nn.Linear(8, 4)\nexample_inputs = (torch.randn(2, 5),)\n",
+                        "does not run on example inputs of shape 2x5"),
+    "no_model.py": ("import torch\nexample_inputs = (torch.randn(2, 5),)\n", "must define `model`"),
+    "corrupt.onnx": ("this is not a protobuf", "is not an ONNX model"),
+    "corrupt.pt2": ("not a zip", "is not a saved torch.export program"),
+    "model.txt": ("", "a model file ends in"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_MODELS))
+def test_bad_models_are_one_line_and_write_nothing(tmp_path: Path, name: str) -> None:
+    text, message = BAD_MODELS[name]
+    (tmp_path / name).write_text(text)
+    proc = farm("tune-model", name, "--trials", "8", "--db", f"sqlite:///{tmp_path / 'farm.db'}", cwd=tmp_path)
+    assert message in one_error_line(proc)
+    assert not (tmp_path / "farm.db").exists()
+
+
+def test_dynamic_shapes_a_missing_file_and_an_export_without_the_model(net: Any, tmp_path: Path) -> None:
+    from farm.core.model import load_model
+
+    dim = torch.export.Dim("batch")
+    program = torch.export.export(torch.nn.Linear(8, 4), (torch.randn(2, 8),), dynamic_shapes=({0: dim},))
+    with pytest.raises(FarmError, match="dynamic shape"):
+        load_model(program)
+    proc = farm("tune-model", "missing.onnx", "--trials", "8", cwd=tmp_path)
+    assert "does not exist" in one_error_line(proc)
+    # An export of another kernel: nothing of this model in it, nothing written.
+    (tmp_path / "other.json").write_text(json.dumps({"format": "farm.best/1", "records": []}))
+    model_file(tmp_path)
+    proc = farm("build-model", "net.py", "--target", "llvm", "--best", "other.json", "-o", "net.so", cwd=tmp_path)
+    assert "holds no record of any kernel" in one_error_line(proc)
+    assert not (tmp_path / "net.so").exists()
