@@ -16,7 +16,7 @@ from rich.table import Table
 from typer.core import TyperCommand
 
 from deploy.cluster import cluster_app
-from farm.cli_model import build_model, tune_model
+from farm.cli_model import build_model, print_breakdown, tune_model
 from farm.core.errors import FarmError
 from farm.core.files import replacing, writable_file, writable_folder
 from farm.core.workloads import workload_label
@@ -332,7 +332,8 @@ def status(
     watch: Annotated[bool, typer.Option("--watch", help="Follow the job live: `farm top JOB`.")] = False,
     interval: WatchOption = 2.0,
 ) -> None:
-    """A job's state, its tasks' trial counts by status, best latency and rounds, and its pace:
+    """A job's state, its tasks' trial counts by status, best latency and rounds (a model's job: each
+    kernel's calls, best latency and share of the model's estimated latency), and its pace:
     throughput (trials stored since a scheduler claimed the job, over the seconds since), the
     rate of the last 60 s, the ETA (trials left of the budget over that rate), and each device's
     busy share (its time inside timed kernel runs over the job's wall time)."""
@@ -350,7 +351,12 @@ def status(
     for task in doc["tasks"]:
         task["rounds"] = store.rounds(task["id"])
     job_pace = pace(store, doc)
+    model = doc["spec"].get("model")
     if as_json:
+        if model is not None:
+            from farm.core.allocation import model_kernels, model_latency
+
+            doc["model_latency"] = model_latency(model_kernels(doc["tasks"]))
         doc["pace"] = {"throughput": job_pace.throughput, "recent_rate": job_pace.recent_rate,
                        "recent_seconds": job_pace.recent_seconds, "eta_seconds": job_pace.eta_seconds}
         doc["busy_share"] = utilisation(store, job).busy_share
@@ -365,6 +371,8 @@ def status(
         out.print(f"  task {task['id']} {workload_label(task['workload'])} ({task['template']}): "
                   f"{task['trials']}/{task['budget']} trials ({counts}), best {format_latency(task['best_latency'])}, "
                   f"{len(task['rounds'])} rounds")
+    if model is not None:
+        print_breakdown(doc)
     out.print(f"  {job_pace.summary()}", markup=False, highlight=False)
     if doc["trials"]:
         out.print(f"  {utilisation(store, job).summary()}", markup=False, highlight=False)
@@ -544,8 +552,9 @@ def report(
     = False,
     db: DbOption = None,
 ) -> None:
-    """Plot tuning curves (best latency against trials) and print the jobs' rounds; or, with
-    --timeline, draw where one job's time went."""
+    """Plot tuning curves (best latency against trials) and print the jobs' rounds; a model's job
+    also draws its estimated model latency against trials and lists each kernel's calls, trials,
+    best latency and share of the model. With --timeline, draw where one job's time went."""
     from farm.report import plot_timeline, plot_tuning_curves, rounds_summary, utilisation
 
     writable_file(output)
@@ -558,6 +567,9 @@ def report(
     else:
         path = plot_tuning_curves(store, list(jobs), output)
         for job in jobs:
+            doc = store.job(job)
+            if doc is not None and doc["spec"].get("model"):
+                print_breakdown(doc)
             out.print(f"job {job}")
             out.print(rounds_summary(store, job), markup=False, highlight=False)
     out.print(f"wrote {path}", markup=False)

@@ -285,3 +285,18 @@ class Client:
 
     def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
         self.close(interrupt=exc_type is not None)
+
+
+def tune_model(model: Any, example_inputs: Sequence[Any] | None = None, *,
+               target: str | dict[str, Any] | TargetSpec = "llvm", trials: int = 64, db: str | None = None,
+               workers: int = 1, progress: bool = True, **options: Any) -> Job:
+    """Tune every kernel of `model` on this machine, as `farm tune-model` does: one job on
+    `workers` local devices (every kernel a task, the budget handed to where the model's latency
+    falls fastest), run in this process on the database `db` (default $FARM_DB, else
+    sqlite:///farm.db); returns the finished Job (`job.best()` its records, `job.export(...)`).
+    `options` are `Client.submit_model`'s."""
+    with Client(db, in_process=True) as client:
+        client.prepare(target, workers)
+        job = client.submit_model(model, example_inputs, target, trials, workers=workers, **options)
+        job.wait(progress=progress)
+    return job

@@ -2,9 +2,11 @@
 
 `farm tune`, `Job.wait(progress=True)` and any other follower of a job show the same thing:
 per task, trials done of its budget, how many ran correctly, the best latency so far and the
-time elapsed. On a terminal these are live bars; when the output is not a terminal (piped to
-`tee`, a CI log) a plain line per task is printed every `every` seconds and at the end, so a
-log shows progress as it happens and nothing is cut to a terminal's width.
+time elapsed; a model's job (`farm tune-model`) shows its model first, with the job's trials and
+the model's estimated latency (farm.core.allocation.model_latency). On a terminal these are live
+bars; when the output is not a terminal (piped to `tee`, a CI log) a plain line per task is printed
+every `every` seconds and at the end, so a log shows progress as it happens and nothing is cut to a
+terminal's width.
 
 Until the job's first trial arrives, the display says what the job waits for: queued for a
 scheduler, or starting (queued or claimed), with the latest start-up step the scheduler logged in this process
@@ -125,6 +127,20 @@ class _Bars(Progress):
         yield from super().get_renderables()
 
 
+# The bar of a model job's model, above its tasks' (task ids are positive).
+MODEL_BAR = -1
+
+
+def _model_line(job: dict[str, Any]) -> tuple[str, str] | None:
+    """A model job's (description, estimated latency) for its model's line; None for other jobs."""
+    model = (job.get("spec") or {}).get("model")
+    if model is None:
+        return None
+    from farm.core.allocation import model_kernels, model_latency
+
+    return f"model {model['name']}", format_latency(model_latency(model_kernels(job["tasks"])))
+
+
 class JobProgress:
     """Shows the progress of one job; `update` with each new status document, `close` at the end.
 
@@ -180,11 +196,16 @@ class JobProgress:
         elif self._starting and job["trials"] > self._trials_at_start:
             self._end_start_up()
         if self._bars is not None:
+            if (model := _model_line(job)) is not None:  # a model's job: the model first, its whole budget
+                if MODEL_BAR not in self._ids:
+                    self._ids[MODEL_BAR] = self._bars.add_task(model[0], total=job["trials_budget"], ok="", best="-")
+                self._bars.update(self._ids[MODEL_BAR], completed=job["trials"], best=model[1])
             for task in job["tasks"]:
                 if task["id"] not in self._ids:
                     self._ids[task["id"]] = self._bars.add_task(
                         workload_label(task["workload"], params=False), total=task["budget"], ok=0, best="-")
-                self._bars.update(self._ids[task["id"]], completed=task["trials"],
+                # A model job's budget moves between its tasks: a task's total grows as it gets more.
+                self._bars.update(self._ids[task["id"]], completed=task["trials"], total=task["budget"],
                                   ok=task["counts"].get("ok", 0), best=format_latency(task["best_latency"]))
         elif time.monotonic() - self._last_line >= self.every:
             self._print_lines(job)
@@ -195,6 +216,9 @@ class JobProgress:
 
     def _print_lines(self, job: dict[str, Any]) -> None:
         self._last_line = time.monotonic()
+        if (model := _model_line(job)) is not None:
+            self.console.print(f"job {job['id']} {model[0]}: {job['trials']}/{job['trials_budget']} trials, "
+                               f"estimated latency {model[1]}", markup=False, highlight=False, soft_wrap=True)
         for task in job["tasks"]:
             self.console.print(f"job {job['id']} task {task['id']} {workload_label(task['workload'], params=False)}: "
                                f"{task['trials']}/{task['budget']} trials, ok {task['counts'].get('ok', 0)}, "

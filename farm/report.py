@@ -96,12 +96,37 @@ def tuning_curves(store: ResultStore, job_ids: list[int]) -> list[Curve]:
     return curves
 
 
+def model_curve(store: ResultStore, job_id: int) -> Curve:
+    """A model job's estimated latency (µs: Σ calls x best latency so far of each kernel,
+    farm.core.allocation.model_latency) after each of its trials, in the order they were stored;
+    NaN until every kernel has a correct trial. FarmError for a job that does not exist."""
+    from farm.core.allocation import model_kernels
+
+    job = _job(store, job_id)
+    kernel_of = {t["id"]: t["workload_key"] for t in job["tasks"]}
+    weight = {k: w for k, w in ((t["workload_key"], int(t.get("weight", 1))) for t in job["tasks"])}
+    best: dict[str, float] = {}
+    trials = store.trials(job_id=job_id)
+    out = np.full(len(trials), np.nan)
+    for i, (task_id, latency) in enumerate(zip(trials["task_id"], trials["latency"], strict=True)):
+        key = kernel_of[task_id]
+        if np.isfinite(latency) and latency < best.get(key, np.inf):
+            best[key] = latency
+        if len(best) == len(weight):
+            out[i] = sum(weight[k] * b for k, b in best.items()) * 1e6
+    name = (job["spec"].get("model") or {}).get("name", "model")
+    return Curve(f"job {job_id} ({job['search']}, {len(model_kernels(job['tasks']))} kernels)",
+                 f"model {name}: estimated latency (Σ calls x best)", out)
+
+
 def plot_tuning_curves(store: ResultStore, job_ids: list[int], output: str | Path) -> Path:
-    """Write the jobs' tuning curves to the PNG `output`, one panel per workload; returns its path.
+    """Write the jobs' tuning curves to the PNG `output`, one panel per workload (a model job's
+    estimated model latency first, in a panel of its own); returns its path.
 
     FarmError for an unknown job, a folder that does not exist, or nothing measured yet.
     """
-    curves = [c for c in tuning_curves(store, job_ids) if len(c.best_us)]
+    models = [model_curve(store, j) for j in job_ids if _job(store, j)["spec"].get("model")]
+    curves = [c for c in [*models, *tuning_curves(store, job_ids)] if len(c.best_us)]
     if not curves:
         raise FarmError(f"job(s) {', '.join(map(str, job_ids))} have no measured trials yet: nothing to plot")
     return plot_curves(curves, output)

@@ -5,7 +5,8 @@ from any machine that reaches the database, during a job or after it.
 
 - Jobs: the newest `limit` jobs, or the ones asked for: id, state, workloads, trials of the
   budget, trials per second in the last minute and over the job so far, each task's best
-  latency, and the ETA (trials left over the last minute's rate: farm.report.Pace).
+  latency (a model's job: its kernels tuned so far and the model's estimated latency), and the ETA
+  (trials left over the last minute's rate: farm.report.Pace).
 - Workers: every worker that stored trials for the jobs watched (the running ones shown, or the
   ones asked for) since their claims: its jobs, its trials of the last minute by status, and how
   long ago it stored its newest trial (farm.report.WorkerActivity). A worker that stopped
@@ -27,6 +28,7 @@ from rich.text import Text
 
 from db.engine import display_url
 from db.store import ResultStore
+from farm.core.allocation import model_kernels, model_latency
 from farm.core.errors import FarmError
 from farm.core.workloads import workload_label
 from farm.progress import format_latency, format_seconds
@@ -72,11 +74,17 @@ def render(snap: Snapshot) -> Group:
         jobs.add_column(column, no_wrap=column != "workloads",
                         justify="right" if column.startswith(("trials", "ETA")) else "left")
     for doc, job_pace in snap.jobs:
-        kernels = ", ".join(workload_label(t["workload"], params=False) for t in doc["tasks"])
-        jobs.add_row(str(doc["id"]), doc["status"], kernels,
-                     f"{doc['trials']}/{doc['trials_budget']}", _rate(job_pace.recent_rate),
-                     _rate(job_pace.throughput), ", ".join(format_latency(t["best_latency"]) for t in doc["tasks"]),
-                     job_pace.eta())
+        model = doc["spec"].get("model")
+        if model is not None:  # a model's kernels are many: the model and its estimated latency
+            kernels = model_kernels(doc["tasks"])
+            tuned = sum(k.best is not None for k in kernels)
+            what = f"model {model['name']} ({tuned}/{len(kernels)} kernels tuned)"
+            best = f"model {format_latency(model_latency(kernels))}"
+        else:
+            what = ", ".join(workload_label(t["workload"], params=False) for t in doc["tasks"])
+            best = ", ".join(format_latency(t["best_latency"]) for t in doc["tasks"])
+        jobs.add_row(str(doc["id"]), doc["status"], what, f"{doc['trials']}/{doc['trials_budget']}",
+                     _rate(job_pace.recent_rate), _rate(job_pace.throughput), best, job_pace.eta())
     workers = Table(title="workers", title_justify="left")
     for column in ("worker", "jobs", f"trials ({minute})", f"statuses ({minute})", "last trial"):
         workers.add_column(column, no_wrap=True, justify="right" if column.startswith(("trials", "last")) else "left")

@@ -66,7 +66,7 @@ from typing import Any
 from db.store import ResultStore
 from db.writer import ResultWriter
 from farm.core import metrics
-from farm.core.allocation import GradientAllocation, TaskState
+from farm.core.allocation import GradientAllocation, TaskState, model_kernels, model_latency
 from farm.core.costmodel import StoredModel, warm_up
 from farm.core.errors import FarmError, one_line
 from farm.core.measure import MeasureResult, Status
@@ -271,7 +271,16 @@ def _allocate(tasks: _Tasks, rows: list[dict[str, Any]], spec: dict[str, Any]) -
             row["budget"] = ran.trials
             store.set_task_budget(row["id"], ran.trials)
         allocation.observe(index, ran.trials, ran.best, ran.exhausted)
+        _report_model(store, job_id)
     return "done"
+
+
+def _report_model(store: ResultStore, job_id: int) -> None:
+    """The model's estimated latency, to the metrics, once every kernel has a correct trial."""
+    job = store.job(job_id)
+    latency = model_latency(model_kernels(job["tasks"])) if job is not None else None
+    if latency is not None:
+        metrics.set_model_latency(job_id, latency)
 
 
 def _reusable(store: ResultStore, row: dict[str, Any]) -> list[dict[str, Any]]:

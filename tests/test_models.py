@@ -167,6 +167,11 @@ def test_tune_a_model_build_it_and_reuse_its_kernels(tmp_path: Path) -> None:
                                "FROM tasks LEFT JOIN trials ON trials.task_id = tasks.id GROUP BY tasks.id").fetchall()
     assert sum(n for _, _, n, _ in per_task) == 24  # the job's budget, exactly
     assert all(n == distinct == budget and n > 0 for _, budget, n, distinct in per_task)  # each kernel tuned
+    proc = farm("status", "1", "--db", db, cwd=tmp_path)
+    assert proc.returncode == 0 and "estimated model latency (Σ calls x best): " in proc.stdout, proc.stderr
+    assert "- (a kernel has no" not in proc.stdout
+    proc = farm("report", "1", "--db", db, "-o", "curve.png", cwd=tmp_path)
+    assert proc.returncode == 0 and (tmp_path / "curve.png").stat().st_size > 0, proc.stderr
 
     proc = farm("build-model", str(first), "--target", "llvm", "--best", "best.json", "-o", "first.so",
                 cwd=tmp_path)

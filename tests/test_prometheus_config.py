@@ -54,6 +54,7 @@ def _exercise_every_helper() -> set[str]:
         "set_jobs": lambda: metrics.set_jobs({"running": 1, "queued": 2}),
         "set_task_best": lambda: metrics.set_task_best(42, 7, "resnet-last-conv", 0.0021, 110.2),
         "set_task_progress": lambda: metrics.set_task_progress(42, 7, 128, 300),
+        "set_model_latency": lambda: metrics.set_model_latency(42, 0.0031),
         "observe_round": lambda: metrics.observe_round("llvm", 12.5),
         "observe_retrain": lambda: metrics.observe_retrain(42, 7, 0.31, 0.74),
         "clear_job": lambda: metrics.clear_job(41),

@@ -22,7 +22,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 # The pages whose examples moved out of the README, in the order the README had them.
-PAGES = [ROOT / "docs" / name for name in ("cli.md", "running.md", "deploy.md", "search.md", "export.md", "tir.md")]
+PAGES = [ROOT / "docs" / name
+         for name in ("cli.md", "running.md", "deploy.md", "search.md", "export.md", "tir.md", "models.md")]
 BLOCK = re.compile(r"(?P<before>[^\n]*)\n```(?P<lang>[a-z]*)\n(?P<code>.*?)\n```", re.DOTALL)
 
 

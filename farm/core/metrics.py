@@ -111,6 +111,10 @@ TASK_TRIALS = Gauge(
     "Scheduler.", ["job_id", "task_id"])
 TASK_BUDGET = Gauge(
     "farm_task_trial_budget", "Trial budget of a running job's task. Scheduler.", ["job_id", "task_id"])
+MODEL_LATENCY = Gauge(
+    "farm_model_latency_seconds", "A running model job's estimated model latency: the sum over its kernels "
+    "of calls per inference x best latency so far (set once every kernel has a correct trial). Scheduler.",
+    ["job_id"])
 RANK_CORRELATION = Gauge(
     "farm_costmodel_rank_correlation", "Spearman rank correlation, on the round just closed, of the cost "
     "model that guided it (latest round of a running job's task). Scheduler.", ["job_id", "task_id"])
@@ -133,7 +137,7 @@ DB_WRITE_FAILURES = Counter(
     "farm_db_write_failures", "Batched writes of trial results that raised (their rows are retried). "
     "ResultWriter.")
 
-_PER_JOB = (TASK_BEST_LATENCY, TASK_BEST_FLOPS, TASK_TRIALS, TASK_BUDGET, RANK_CORRELATION)
+_PER_JOB = (TASK_BEST_LATENCY, TASK_BEST_FLOPS, TASK_TRIALS, TASK_BUDGET, RANK_CORRELATION, MODEL_LATENCY)
 
 
 def serve(port: int, host: str = "127.0.0.1") -> int:
@@ -237,6 +241,11 @@ def set_task_progress(job_id: int, task_id: int, done: int, budget: int) -> None
     job when it starts, then the running task after each batch)."""
     TASK_TRIALS.labels(str(job_id), str(task_id)).set(done)
     TASK_BUDGET.labels(str(job_id), str(task_id)).set(budget)
+
+
+def set_model_latency(job_id: int, latency_s: float) -> None:
+    """Scheduler, after each slice of a model job: its estimated latency (farm.core.allocation.model_latency)."""
+    MODEL_LATENCY.labels(str(job_id)).set(latency_s)
 
 
 def observe_round(target: str, seconds: float) -> None:
