@@ -152,7 +152,8 @@ def test_tune_a_model_build_it_and_reuse_its_kernels(tmp_path: Path) -> None:
     """`farm tune-model` on 2 llvm workers spends exactly its budget over the model's kernels;
     `farm build-model` compiles it with every kernel from tuning, checked against PyTorch eager, into a
     library TVM's runtime runs. A second model sharing all but its last layer spends its budget on
-    that layer alone (the shared kernels' records are reused); --retune tunes them again."""
+    that layer alone (the shared kernels' records are reused); so does the first model's ONNX export,
+    built from the database and checked against onnxruntime; --retune tunes every kernel again."""
     import tvm
     from tvm import relax
 
@@ -198,15 +199,23 @@ def test_tune_a_model_build_it_and_reuse_its_kernels(tmp_path: Path) -> None:
     assert [t["trials"] for t in tuned] == [8] and tuned[0]["func"].startswith("fused_matmul")
     assert proc.stdout.count("reused") == 3
 
-    proc = farm("tune-model", str(second), "--trials", "8", "--workers", "1", "--batch-size", "2", "--db", db,
+    # The ONNX path: the same network exported to ONNX shares its convolutions and reduction with the
+    # PyTorch import (its Gemm is another kernel): those are reused, the Gemm tuned, and the build
+    # takes every kernel from the database, checked against onnxruntime.
+    torch.onnx.export(module, (torch.from_numpy(x),), tmp_path / "first.onnx", dynamo=False, input_names=["x"])
+    proc = farm("tune-model", "first.onnx", "--trials", "4", "--workers", "2", "--batch-size", "2", "--db", db,
+                cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert [t["origin"] == "reused" for t in _job(tmp_path, 3)].count(True) == 3
+    proc = farm("build-model", "first.onnx", "--target", "llvm", "--db", db, "-o", "first-onnx.so", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "4 of 4 kernels from tuning" in proc.stdout and "outputs match onnxruntime" in proc.stdout
+
+    proc = farm("tune-model", str(second), "--trials", "4", "--workers", "2", "--batch-size", "2", "--db", db,
                 "--retune", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert not any(t["origin"] == "reused" for t in _job(tmp_path, 3))
-
-    # The database as a store of records: a build of the second model takes every kernel from it.
-    proc = farm("build-model", str(second), "--target", "llvm", "--db", db, "-o", "second.so", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    assert "4 of 4 kernels from tuning" in proc.stdout
+    assert not any(t["origin"] == "reused" for t in _job(tmp_path, 4))
+    assert sum(t["trials"] for t in _job(tmp_path, 4)) == 4
 
 
 def _job(folder: Path, job_id: int) -> list[dict[str, Any]]:
