@@ -94,6 +94,10 @@ STOP_GRACE_SECONDS = 3.0
 # Tasks of a job whose shard searches are kept between their slices (a model job's): each holds a
 # search process per worker.
 KEEP_SEARCHES = 4
+# Trials of a model job's slice, at the least (its budget allowing): each slice starts with the
+# devices waiting for its first builds and ends with a retraining, so slices much shorter than
+# that spend a large part of their time on both (Ansor and MetaSchedule hand out 64 at a time too).
+MIN_SLICE = 64
 # The job spec's allocation that moves a model job's budget between its tasks (farm.core.allocation).
 GRADIENT = "gradient"
 # The origin of a trial copied from an earlier job's (a task tuned before: `_reuse`).
@@ -230,9 +234,9 @@ class _Tasks:
 
 def _allocate(tasks: _Tasks, rows: list[dict[str, Any]], spec: dict[str, Any]) -> str:
     """A model job (farm.core.allocation): the tasks given a budget at submission run to it first;
-    then the rest of the job's budget goes to the others a slice (a round: workers x batch size, less
-    where the budget is too small to give each task one) at a time, each task's first slice in turn,
-    then where the model's latency is expected to fall most.
+    then the rest of the job's budget goes to the others a slice (a round: workers x batch size, at
+    least MIN_SLICE, less where the budget is too small to give each task one) at a time, each task's
+    first slice in turn, then where the model's latency is expected to fall most.
 
     A task tuned before (its kernel, target and template version, by another job, on a device this
     job measures on) is not tuned again unless the spec says ``retune``: its fastest trial is copied
@@ -248,8 +252,9 @@ def _allocate(tasks: _Tasks, rows: list[dict[str, Any]], spec: dict[str, Any]) -
     free.sort(key=lambda item: bool(prior[item[1]["id"]]))  # those without a record first: they say the device
     states = [TaskState(row["weight"], Task.from_json(row).workload.flops(), row["family_key"]) for _, row in free]
     budget = int(store.job(job_id)["trials_budget"]) - sum(row["budget"] for row in fixed)
-    # A slice is a round of the pool, or less where the budget would not give every task a first one.
-    slice_trials = max(1, min(tasks.pool.size * tasks.batch_size, budget // max(1, len(states))))
+    # A slice is a round of the pool, at least MIN_SLICE, or less where the budget would not give
+    # every task a first one.
+    slice_trials = max(1, min(max(MIN_SLICE, tasks.pool.size * tasks.batch_size), budget // max(1, len(states))))
     allocation = GradientAllocation(states, budget, slice_trials, seed=tasks.seed)
     while (step := allocation.next()) is not None:
         index, grant = step
