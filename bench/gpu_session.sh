@@ -37,6 +37,12 @@
 #   fused       bench/fused_vs_torch.py per case of FUSED_CASES (space-separated, default "conv dense"):
 #               FUSED_SEEDS ("0 1 2") jobs of FUSED_TRIALS (256) trials with --templates all, each template's
 #               best kernel against PyTorch eager and torch.compile (OUTDIR/fused-CASE.json)
+#   models      bench/models_vs_torch.py per case of MODELS_CASES (space-separated, default "resnet50 bert"):
+#               at each batch of MODELS_BATCHES ("1 16") and seed of MODELS_SEEDS ("0 1 2"), farm tune-model of
+#               MODELS_TRIALS (2000) trials on MODELS_GPUS (1) GPUs, timed whole, then the tuned model against
+#               PyTorch eager, torch.compile and TVM's untuned build (OUTDIR/models-CASE.json, files in
+#               OUTDIR/models); MODELS_OPTIONS adds options ("--max-autotune --ms-tune-relax"); each case's
+#               limit is MODELS_LIMIT seconds (14400)
 #   kernels     bench/kernels_vs_vendor.py: KERNEL_CASES (;-separated) tuned KERNEL_TRIALS trials,
 #               KERNEL_SEEDS seeds each, best kernels re-timed side by side with PyTorch; one run per
 #               case (OUTDIR/kernels-CASE.json), so a case's figures stand whatever the next one does;
@@ -153,6 +159,11 @@ for s in $STEPS; do
              step "fused-$case" 3000 python3 bench/fused_vs_torch.py --case "$case" --trials "${FUSED_TRIALS:-256}" \
                --seeds ${FUSED_SEEDS:-0 1 2} --out "$OUT/fused" --json "$OUT/fused-$case.json"
            done ;;
+    models) for case in ${MODELS_CASES:-resnet50 bert}; do
+              step "models-$case" "${MODELS_LIMIT:-14400}" python3 bench/models_vs_torch.py --case "$case" \
+                --batch ${MODELS_BATCHES:-1 16} --seeds ${MODELS_SEEDS:-0 1 2} --trials "${MODELS_TRIALS:-2000}" \
+                --gpus "${MODELS_GPUS:-1}" ${MODELS_OPTIONS:-} --out "$OUT/models" --json "$OUT/models-$case.json"
+            done ;;
     kernels) IFS=';' read -ra cases <<< "$KERNEL_CASES"
              for case in "${cases[@]}"; do
                name=$(case_name "$case")
