@@ -100,7 +100,9 @@ class TestResultStore:
         assert job["spec"]["workloads"] == ["resnet-last-conv"] and job["trials_budget"] == 64
         assert job["created_at"].tzinfo is not None and job["started_at"] is None
         assert [t["workload"]["params"]["CI"] for t in job["tasks"]] == [64, 65]
-        assert job["tasks"] == [{**t, "counts": {}, "trials": 0, "best_latency": None} for t in store.tasks(job_id)]
+        assert job["tasks"] == [{**t, "counts": {}, "trials": 0, "best_latency": None, "reused": False}
+                                for t in store.tasks(job_id)]
+        assert [t["weight"] for t in job["tasks"]] == [1, 1]  # a kernel tuned on its own: called once
         task = store.tasks(job_id)[0]
         assert {key: task[key] for key in task_dict()} == task_dict()
         assert task["space_size"] == 18_000_000_000
@@ -356,6 +358,28 @@ class TestResultStore:
         assert [t["config_index"] for t in best] == [2, 3, 0]  # ok trials only, fastest first
         assert best[0]["latency"] == pytest.approx(2e-3) and best[0]["config"] == ok(2).config
         assert store.best(task_id + 1) == []
+
+    def test_task_budgets_move_and_earlier_jobs_records_are_found(self, store: ResultStore) -> None:
+        """A model job's budget moves between its tasks (set_task_budget); prior_best finds the
+        fastest ok trial of a kernel in every other job, one per task, with the task's template."""
+        first, second, third = make_job(store), make_job(store), make_job(store)
+        a, b = store.tasks(first)[0], store.tasks(second)[0]
+        store.set_task_budget(a["id"], 7)
+        assert store.tasks(first)[0]["budget"] == 7 and store.tasks(second)[0]["budget"] == 64
+        with store.writer(flush_seconds=None) as writer:
+            writer.record(a["id"], ok(0, 5e-3))
+            writer.record(a["id"], ok(1, 2e-3))
+            writer.record(a["id"], MeasureResult(2, {}, Status.WRONG_RESULT, latencies=[1e-6]))
+            writer.record(b["id"], ok(3, 3e-3))
+            writer.record(b["id"], MeasureResult(4, {}, Status.OK, latencies=[4e-3], origin="reused"))
+        found = store.prior_best(a["workload_key"], a["target_kind"], exclude_job=third)
+        assert [(r["job_id"], r["config_index"]) for r in found] == [(first, 1), (second, 3)]  # fastest first
+        assert found[0]["latency"] == pytest.approx(2e-3) and found[0]["template"] == a["template"]
+        assert found[0]["template_version"] == a["template_version"] and found[0]["target"] == a["target"]
+        assert [r["job_id"] for r in store.prior_best(a["workload_key"], a["target_kind"], exclude_job=first)] \
+            == [second]
+        assert store.prior_best(a["workload_key"], "metal") == []  # another target kind
+        assert [t["reused"] for t in store.job(second)["tasks"]] == [True]
 
     def test_trial_activity_counts_per_job_worker_and_status(self, store: ResultStore) -> None:
         first, second = make_job(store), make_job(store, n_tasks=2)
