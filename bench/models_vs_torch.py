@@ -3,7 +3,7 @@
 
     python bench/models_vs_torch.py [--case resnet50 --case bert] [--batch 1 16] [--trials 2000]
                                     [--seeds 0 1 2] [--gpus 1] [--target cuda] [--dtype float32]
-                                    [--max-autotune [--compile-limit 600]] [--ms-tune-relax]
+                                    [--max-autotune [--compile-limit 600]] [--ms-tune-relax] [--profile]
                                     [--out DIR] [--json FILE] [--retime]
     python bench/models_vs_torch.py --case tiny --target llvm --trials 16 --seeds 0   # the script, on a CPU
 
@@ -82,6 +82,8 @@ from farm.core.targets import TargetSpec, parse_target
 # A contender's outputs against eager PyTorch's: the largest relative L2 error of an output, per dtype.
 TOLERANCE = {"float32": 1e-3}
 ROUNDS, SAMPLES, CALLS, WARMUP = 5, 4, 50, 10
+# Model calls profiled per contender (--profile).
+PROFILE_CALLS = 20
 MAX_SAMPLE_S = 2.0  # a sample of a slow contender (an untuned build) takes fewer calls than CALLS
 CONTENDERS = ("eager", "torch.compile", "torch.compile max-autotune", "tvm untuned", "farm", "metaschedule")
 
@@ -504,6 +506,13 @@ def bench_case(case: str, batch: int, args: argparse.Namespace, spec: TargetSpec
             timing = time_side_by_side({label: (lambda m=module: m(*inputs)) for label, module in modules.items()},
                                        cuda)
             run["timing"] = {label: {**checks[label], **timing[label]} for label in modules}
+            if args.profile and cuda:
+                run["profile"] = {label: kernel_profile(lambda m=module: m(*inputs))
+                                  for label, module in modules.items()}
+                for label, kernels in run["profile"].items():
+                    top = ", ".join(f"{k['name'][:40]} {k['us_per_call']:.1f}" for k in kernels["kernels"][:5])
+                    print(f"  {label}: {kernels['kernels_per_call']:.0f} kernels, {kernels['us_per_call']:.1f} µs of "
+                          f"GPU time per call; top: {top}", flush=True)
             if "farm" in timing:
                 farm_ms = timing["farm"]["median_ms"]
                 run["ratios"] = {f"{label}/farm": timing[label]["median_ms"] / farm_ms
@@ -513,6 +522,27 @@ def bench_case(case: str, batch: int, args: argparse.Namespace, spec: TargetSpec
                 args.json.write_text(json.dumps(figures, indent=1))
     entry["summary"] = summarise(entry["runs"])
     print(summary_line(name, entry["summary"]), flush=True)
+
+
+def kernel_profile(fn: Callable[[], Any], calls: int = PROFILE_CALLS) -> dict[str, Any]:
+    """Where one contender's GPU time goes: every CUDA kernel of `calls` calls, as CUPTI sees it
+    (torch.profiler; TVM's kernels and CUDA-graph replays included), grouped by name, the slowest
+    first: µs per model call and launches per call. The time between kernels is what the model's
+    latency has on top of their sum."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    kernels = [{"name": e.key, "us_per_call": e.device_time_total / calls, "launches_per_call": e.count / calls}
+               for e in prof.key_averages() if e.device_time_total > 0]
+    kernels.sort(key=lambda k: -k["us_per_call"])
+    return {"calls": calls, "us_per_call": sum(k["us_per_call"] for k in kernels),
+            "kernels_per_call": sum(k["launches_per_call"] for k in kernels), "kernels": kernels[:40]}
 
 
 def seed_line(name: str, run: dict[str, Any]) -> str:
@@ -591,6 +621,9 @@ def main() -> None:
     parser.add_argument("--compile-limit", type=float, default=600.0)
     parser.add_argument("--ms-tune-relax", action="store_true",
                         help="also stock MetaSchedule's tune_relax, same trials, one GPU, and its model")
+    parser.add_argument("--profile", action="store_true",
+                        help="also profile each contender's GPU kernels (torch.profiler): time per kernel, launches "
+                             "per call, the 40 slowest in the JSON, where a model is slower than another")
     parser.add_argument("--out", type=Path, default=Path("/tmp/models-vs-torch"))
     parser.add_argument("--json", type=Path)
     parser.add_argument("--retime", action="store_true",
