@@ -100,6 +100,8 @@ KEEP_SEARCHES = 4
 MIN_SLICE = 64
 # The job spec's allocation that moves a model job's budget between its tasks (farm.core.allocation).
 GRADIENT = "gradient"
+# How often a model job's estimated latency is read from the store for the metrics while a slice runs.
+MODEL_REPORT_SECONDS = 1.0
 # The origin of a trial copied from an earlier job's (a task tuned before: `_reuse`).
 REUSED = "reused"
 
@@ -256,6 +258,13 @@ def _allocate(tasks: _Tasks, rows: list[dict[str, Any]], spec: dict[str, Any]) -
     # every task a first one.
     slice_trials = max(1, min(max(MIN_SLICE, tasks.pool.size * tasks.batch_size), budget // max(1, len(states))))
     allocation = GradientAllocation(states, budget, slice_trials, seed=tasks.seed)
+    reported = [0.0]
+
+    def reporter() -> None:  # the model's latency while a slice runs, at most every MODEL_REPORT_SECONDS
+        if time.monotonic() - reported[0] >= MODEL_REPORT_SECONDS:
+            reported[0] = time.monotonic()
+            _report_model(store, job_id)
+
     while (step := allocation.next()) is not None:
         index, grant = step
         number, row = free[index]
@@ -269,7 +278,7 @@ def _allocate(tasks: _Tasks, rows: list[dict[str, Any]], spec: dict[str, Any]) -
             continue
         row["budget"] += grant
         store.set_task_budget(row["id"], row["budget"])
-        ran = tasks.run(number, row)
+        ran = tasks.run(number, row, on_result=reporter)
         if ran.status == "cancelled":
             return "cancelled"
         if ran.exhausted or ran.trials < row["budget"]:  # its space ran out: the rest of the grant goes back

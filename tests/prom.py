@@ -325,6 +325,27 @@ def synthetic_farm(trials_per_second: float = 20.0) -> Iterator[FarmMetrics]:
 # --- a real farm ---------------------------------------------------------------------------
 
 REAL_KERNEL = [("matmul", {"M": 64, "N": 64, "K": 64})]
+# The real farm's model (`RealFarm.submit`): two kernels, a matmul with its ReLU and a row sum.
+REAL_MODEL = """
+@I.ir_module
+class Model:
+    @R.function
+    def main(x: R.Tensor((64, 64), "float32")) -> R.Tensor((64,), "float32"):
+        with R.dataflow():
+            y = R.nn.relu(R.matmul(x, x))
+            z = R.sum(y, axis=[1])
+            R.output(z)
+        return z
+"""
+
+
+def real_model() -> Any:
+    """REAL_MODEL as a Relax IRModule (farm.core.model.load_model takes one)."""
+    from tvm.script import ir as I
+    from tvm.script import relax as R
+    from tvm.script.parser import parse
+
+    return parse(REAL_MODEL, extra_vars={"I": I, "R": R})
 
 
 @dataclass
@@ -339,9 +360,10 @@ class RealFarm:
     log: Path
 
     def submit(self, trials: int, seed: int = 1, batch_size: int = 4) -> Job:
-        """Queue a job of `trials` trials of REAL_KERNEL on every worker actor."""
-        return self.client.submit(REAL_KERNEL, "llvm", trials, workers=self.workers, batch_size=batch_size,
-                                  seed=seed)
+        """Queue a model's job of `trials` trials (REAL_MODEL: the per-task series of each of its
+        kernels and the model's latency) on every worker actor."""
+        return self.client.submit_model(real_model(), target="llvm", trials=trials, workers=self.workers,
+                                        batch_size=batch_size, seed=seed)
 
 
 @contextmanager
