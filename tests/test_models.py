@@ -97,6 +97,31 @@ def test_a_model_imports_the_same_from_every_form(net: Any, tmp_path: Path) -> N
     assert {t.workload.flops() for t in onnx_tasks} == {t.workload.flops() for t in tasks}
 
 
+def test_batch_norm_folds_into_the_convolution_before_it() -> None:
+    """For inference a batch norm's scale and shift fold into the convolution's weights and bias,
+    so conv + batch norm + ReLU is one kernel (a conv with a bias and a ReLU), and the build computes
+    what PyTorch does."""
+    import warnings
+
+    from farm.build_model import compile_model
+    from farm.core.model import load_model
+
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1, bias=False), torch.nn.BatchNorm2d(8),
+                                 torch.nn.ReLU()).eval()
+    with torch.no_grad():  # statistics and an affine transform that are not the identity
+        norm = module[1]
+        for tensor, low, high in ((norm.running_mean, -0.5, 0.5), (norm.running_var, 0.5, 2.0),
+                                  (norm.weight, 0.5, 2.0), (norm.bias, -1.0, 1.0)):
+            tensor.uniform_(low, high)
+    model = load_model(module, (torch.randn(1, 3, 8, 8),))
+    (task,) = model.tasks(LLVM)
+    assert task.name.startswith("fused_conv2d") and task.name.endswith("relu") and "divide" not in task.name
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # no tuned record: TVM's default schedule
+        assert compile_model(model, target="llvm").check() < 1e-5
+
+
 def test_model_job_weights_skips_and_fixed_budgets(net: Any) -> None:
     from farm.core.model import model_job
 

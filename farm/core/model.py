@@ -4,7 +4,9 @@
 `torch.export.ExportedProgram`, a saved export (``.pt2``), an ONNX file (``.onnx``), a Python file
 that builds the model (``.py``: it defines ``model`` and ``example_inputs``), or a Relax `IRModule`.
 It imports the model with TVM's own frontends (`from_exported_program`, `from_onnx`), binds its
-weights as constants and decomposes training-only operators (batch norm) for inference. Shapes must
+weights as constants, folds each batch norm into the convolution before it (its scale and shift
+into the weights and bias: conv + batch norm + ReLU becomes one kernel of a conv, a bias and a
+ReLU) and decomposes the other inference-only operators. Shapes must
 be static: a model whose inputs have symbolic dimensions is refused, with what to do instead.
 
 `Model.tasks(target)` legalizes and fuses the model the way MetaSchedule's `compile_relax` does
@@ -335,7 +337,8 @@ def _unsupported(e: Exception) -> str:
 
 
 def _relax_model(mod: Any, name: str) -> Model:
-    """The Relax module as a Model: static shapes checked, inference-only operators decomposed."""
+    """The Relax module as a Model: static shapes checked, batch norms folded into the convolutions
+    before them, the other inference-only operators decomposed."""
     from tvm import relax
     from tvm.tirx import IntImm
 
@@ -352,5 +355,6 @@ def _relax_model(mod: Any, name: str) -> Model:
             raise FarmError(f"model input {param.name} has dynamic shape {ty}: the farm tunes static shapes; export "
                             "the model with fixed shapes (ONNX: give each input's shape)")
         inputs.append(ModelInput(param.name, tuple(int(d) for d in dims), str(ty.dtype)))
+    mod = relax.transform.FoldBatchnormToConv2D()(mod)
     mod = relax.transform.DecomposeOpsForInference()(mod)
     return Model(name, mod, inputs)
