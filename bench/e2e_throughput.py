@@ -1,7 +1,8 @@
 """End to end: how much of a whole tuning job's wall time its GPUs spend measuring, and how it scales.
 
     python bench/e2e_throughput.py [--workload resnet-last-conv] [--target cuda] [--trials 500]
-                                   [--gpus 1 2] [--seeds 3] [--warm-submit] [--out DIR] [--json FILE]
+                                   [--gpus 1 2] [--seeds 0 1 2] [--warm-submit] [--out DIR] [--json FILE]
+    python bench/e2e_throughput.py --merge A.json B.json ... [--json FILE]
 
 For each GPU count and seed, `python -m farm tune WORKLOAD --trials N --workers G` runs as a
 process of its own on the embedded defaults (local Ray, tracker, RPC servers, SQLite), timed
@@ -20,12 +21,17 @@ from its start to its exit. From the job's trials (their timelines, farm.report.
   after the job was recorded done (its best printed and exported, Ray stopped, its exit);
 - how many configs the tuning loop's end game measured beyond the budget, where a device would
   otherwise have waited at a task's end (the same log);
+- how many trials the search proposed without a model (its first round, and those that kept the
+  devices fed while the first model trained: scheduler.tuner's bridge), and the position of the
+  first trial proposed with one;
 - a timeline PNG per run (farm report --timeline).
 
 Printed: one line per run, then medians over seeds (with min and max) per GPU count, and the
-scaling of trials per second against one GPU. With --warm-submit, also a running farm: a
-`farm scheduler` service, a first job to bring its workers up, then the time from `farm submit`
-of a second job to its first stored trial (workers, servers, sessions and build processes warm).
+scaling of trials per second against one GPU. --merge prints the same summary over the JSON files
+of runs made side by side (each GPU count or seed a run of its own, e.g. bench/gpu_parallel.sh's).
+With --warm-submit, also a running farm: a `farm scheduler` service, a first job to bring its
+workers up, then the time from `farm submit` of a second job to its first stored trial (workers,
+servers, sessions and build processes warm).
 """
 
 from __future__ import annotations
@@ -78,7 +84,12 @@ def run_once(args: argparse.Namespace, gpus: int, seed: int) -> dict[str, Any]:
             "end_game_configs": end_game_configs(log),
             # After the job was recorded done: its best printed and exported, Ray stopped, the process gone.
             "exit_after_job_s": wall - (claimed - started) - use.wall_seconds,
-            "best_us": float(trials["latency"].min() * 1e6), "statuses": trials["status"].value_counts().to_dict()}
+            "best_us": float(trials["latency"].min() * 1e6), "statuses": trials["status"].value_counts().to_dict(),
+            # Trials the search proposed without a model (farm.core.search's "random" origin), and the
+            # position of the first it proposed with one, in the order trials were stored.
+            "unguided_trials": int((trials["origin"] == "random").sum()),
+            "first_guided": int(guided.argmax()) + 1 if (guided := (trials["origin"] != "random").to_numpy()).any()
+            else None}
 
 
 # `farm tune -v`'s line for Ray's start (scheduler.service), and the worker actor's for its first
@@ -159,18 +170,30 @@ def main() -> None:
     add_workload_arguments(parser)
     parser.add_argument("--trials", type=int, default=500)
     parser.add_argument("--gpus", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--seeds", type=int, default=3, help="runs per GPU count (0: only --warm-submit)")
+    parser.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2],
+                        help="the seeds run at each GPU count (none: only --warm-submit)")
+    parser.add_argument("--merge", type=Path, nargs="+", metavar="JSON",
+                        help="run nothing: the summary of the runs in these --json files of earlier runs "
+                             "(one GPU count or seed each, run side by side on one machine)")
     parser.add_argument("--warm-submit", action="store_true")
     parser.add_argument("--warm-jobs", type=int, default=3, help="jobs timed on the warm farm (--warm-submit)")
     parser.add_argument("--out", type=Path, default=Path("/tmp/farm-e2e"))
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    if args.merge:
+        parts = [json.loads(path.read_text()) for path in args.merge]
+        figures = {**parts[0], "runs": [run for part in parts for run in part["runs"]],
+                   "merged": [str(path) for path in args.merge]}
+        figures["summary"] = summarise(figures["runs"])
+        if args.json:
+            args.json.write_text(json.dumps(figures, indent=1, default=str))
+        return
     args.out.mkdir(parents=True, exist_ok=True)
-    figures: dict[str, Any] = {"machine": machine(), "workload": args.workload, "params": args.params,
-                               "target": args.target, "trials": args.trials, "runs": []}
+    figures = {"machine": machine(), "workload": args.workload, "params": args.params, "target": args.target,
+               "trials": args.trials, "runs": []}
     print(f"machine: {figures['machine']}; {args.workload} {' '.join(args.params)} on {args.target}, "
           f"{args.trials} trials per run", flush=True)
-    for seed in range(args.seeds):
+    for seed in args.seeds:
         for gpus in args.gpus:
             run = run_once(args, gpus, seed)
             figures["runs"].append(run)
@@ -183,32 +206,40 @@ def main() -> None:
                   f"{run['overhead_median_ms']:.0f} ms median / {run['overhead_p95_ms']:.0f} ms p95; Ray ready in "
                   f"{run['ray_ready_s']} s; job claimed {run['claimed_after_s']:.1f} s after start; process gone "
                   f"{run['exit_after_job_s']:.2f} s after the job ended; end-game stand-ins measured "
-                  f"{run['end_game_configs']} configs; first session open after "
+                  f"{run['end_game_configs']} configs; unguided trials {run['unguided_trials']}, first guided "
+                  f"trial no. {run['first_guided']}; first session open after "
                   + ", ".join(f"{w} {t:.1f} s" for w, t in sorted(run["first_session_s"].items())), flush=True)
             if args.json:  # after every run: a session cut short keeps what it finished
                 args.json.write_text(json.dumps(figures, indent=1, default=str))
-    summary = {}
-    for gpus in args.gpus if args.seeds else []:
-        runs = [r for r in figures["runs"] if r["gpus"] == gpus]
-        busiest = [min(r["busy_share_job"].values()) for r in runs]
-        summary[gpus] = {"wall_s": [r["wall_s"] for r in runs], "trials_per_s": [r["trials_per_s"] for r in runs],
-                         "first_trial_s": [r["first_trial_s"] for r in runs], "min_busy_share": busiest}
-        print(f"{gpus} GPU(s), median over {len(runs)} seeds: wall {spread(summary[gpus]['wall_s'])} s, "
-              f"trials/s {spread(summary[gpus]['trials_per_s'])}, first trial {spread(summary[gpus]['first_trial_s'])} "
-              f"s, least busy GPU {spread(busiest)}")
-    if 1 in summary:
-        for gpus in args.gpus:
-            if gpus != 1:
-                ratio = statistics.median(summary[gpus]["trials_per_s"]) / statistics.median(summary[1]["trials_per_s"])
-                summary[f"scaling_{gpus}"] = ratio
-                print(f"scaling, {gpus} GPUs over 1: {ratio:.2f}x trials/s (medians)")
-    figures["summary"] = summary
+    figures["summary"] = summarise(figures["runs"])
     if args.warm_submit:
         figures["warm_submit"] = warm_submit(args)
         print(f"farm submit to a warm farm -> first trial, median over {args.warm_jobs} jobs: "
               f"{spread(figures['warm_submit']['submit_to_first_trial_s'])} s")
     if args.json:
         args.json.write_text(json.dumps(figures, indent=1, default=str))
+
+
+def summarise(runs: list[dict[str, Any]]) -> dict[Any, Any]:
+    """Print and return, per GPU count, the medians over its runs (seeds), and the scaling of trials
+    per second over one GPU's."""
+    summary: dict[Any, Any] = {}
+    for gpus in sorted({r["gpus"] for r in runs}):
+        of = [r for r in runs if r["gpus"] == gpus]
+        least_busy = [min(r["busy_share_job"].values()) for r in of]
+        summary[gpus] = {key: [r[key] for r in of] for key in ("seed", "wall_s", "trials_per_s", "first_trial_s",
+                                                                "best_us", "unguided_trials")}
+        summary[gpus]["min_busy_share"] = least_busy
+        print(f"{gpus} GPU(s), median over {len(of)} seeds: wall {spread(summary[gpus]['wall_s'])} s, "
+              f"trials/s {spread(summary[gpus]['trials_per_s'])}, first trial {spread(summary[gpus]['first_trial_s'])} "
+              f"s, least busy GPU {spread(least_busy)}, best {spread(summary[gpus]['best_us'])} µs, unguided trials "
+              f"{spread(summary[gpus]['unguided_trials'])}")
+    if 1 in summary:
+        for gpus in [g for g in summary if g != 1]:
+            ratio = statistics.median(summary[gpus]["trials_per_s"]) / statistics.median(summary[1]["trials_per_s"])
+            summary[f"scaling_{gpus}"] = ratio
+            print(f"scaling, {gpus} GPUs over 1: {ratio:.2f}x trials/s (medians)")
+    return summary
 
 
 if __name__ == "__main__":

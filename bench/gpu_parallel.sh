@@ -6,7 +6,8 @@
 # OUTDIR/gpuN with the environment's settings (KERNEL_CASES, VSMS_CASES, ...), and a setting
 # prefixed GPUN_ applies to run N alone, over the plain one (GPU1_VSMS_CASES="resnet-last-conv"
 # while the others take VSMS_CASES; GPU2_VSMS_SEEDS=1 for a second seed of a case on GPU 2);
-# OUTDIR/DONE appears when all have ended, for bench/gpu_collect.sh.
+# OUTDIR/DONE appears when all have ended, for bench/gpu_collect.sh. GPUN_DEVICES gives run N more
+# GPUs than its own (GPU0_DEVICES=0,1 GPU1_DEVICES=2,3: two 2-GPU jobs side by side on 4 GPUs).
 # Each run is pinned (taskset) to its own equal share of the cores this script may use, and the
 # farm and vs_metaschedule's MetaSchedule size their build pools by the cores they may use
 # (farm.core.host): each run is a one-GPU machine of 1/N of the cores. Unpinned, both sized their
@@ -33,7 +34,8 @@ for n in "${!runs[@]}"; do
   [[ -n ${runs[n]// } ]] || continue
   mapfile -d '' settings < <(own "$n")
   # shellcheck disable=SC2086  # each list of steps is split into its words
-  env "${settings[@]}" CUDA_VISIBLE_DEVICES="$n" taskset -c "$(list "${cores[@]:n*share:share}")" \
+  devices=GPU${n}_DEVICES
+  env "${settings[@]}" CUDA_VISIBLE_DEVICES="${!devices:-$n}" taskset -c "$(list "${cores[@]:n*share:share}")" \
     bash "$HERE/gpu_session.sh" "$OUT/gpu$n" ${runs[n]} > "$OUT/gpu$n.out" 2>&1 &
 done
 wait

@@ -24,10 +24,10 @@
 #               the same configs measured again with nothing building
 #   retime      VSMS_DIR's two best kernels (an earlier vsms step) checked and timed again
 #   e2e         bench/e2e_throughput.py: E2E_TRIALS trials of resnet-last-conv on E2E_GPUS GPUs,
-#               E2E_SEEDS seeds, busy share, scaling, first trial; timeline PNGs
+#               the seeds E2E_SEEDS ("0 1 2"), busy share, scaling, first trial; timeline PNGs
 #   warm        bench/e2e_throughput.py --warm-submit: farm submit to a running farm -> first trial
-#   maxpool     bench/e2e_throughput.py on max pool 64x64x112x112 3x3 s2: 64 trials, 1 GPU, E2E_SEEDS
-#               seeds, each timed as a whole, with its per-candidate overhead and timeline
+#   maxpool     bench/e2e_throughput.py on max pool 64x64x112x112 3x3 s2: 64 trials, 1 GPU, the seeds
+#               E2E_SEEDS, each timed as a whole, with its per-candidate overhead and timeline
 #   startup     bench/startup_parts.py: a farm tune's start-up steps, each in fresh processes
 #   firstbuilds bench/first_builds.py on cuda, one build slot per core: how long the slots take to
 #               be warm, and the build seconds and statuses of a 2-GPU job's first batches
@@ -70,7 +70,7 @@ FSEARCH_CASES=${FSEARCH_CASES:-resnet-last-conv;matmul M=1024 N=1024 K=1024;conv
 FSEARCH_TRIALS=${FSEARCH_TRIALS:-171}; FSEARCH_RANDOM=${FSEARCH_RANDOM:-512}; FSEARCH_RANDOM_SEEDS=${FSEARCH_RANDOM_SEEDS:-3}
 FSEARCH_SEEDS=${FSEARCH_SEEDS:-3}
 FSEARCH_SEARCHES=${FSEARCH_SEARCHES:-xgb}
-E2E_TRIALS=${E2E_TRIALS:-500}; E2E_GPUS=${E2E_GPUS:-1 2}; E2E_SEEDS=${E2E_SEEDS:-3}
+E2E_TRIALS=${E2E_TRIALS:-500}; E2E_GPUS=${E2E_GPUS:-1 2}; E2E_SEEDS=${E2E_SEEDS:-0 1 2}
 mkdir -p "$OUT"; rm -f "$OUT/DONE"
 export PYTHONPATH=${PYTHONPATH:-}:$PWD PYTHONUNBUFFERED=1
 nvidia-smi -L | tee "$OUT/gpu.txt"
@@ -139,12 +139,12 @@ for s in $STEPS; do
                 done ;;
     retime) step retime 300 python3 bench/vs_metaschedule.py --target cuda --out "${VSMS_DIR:?}" --retime ;;
     e2e) step e2e 3000 python3 bench/e2e_throughput.py --target cuda --trials "$E2E_TRIALS" --gpus $E2E_GPUS \
-             --seeds "$E2E_SEEDS" --out "$OUT/e2e" --json "$OUT/e2e.json" ;;
-    warm) step warm 600 python3 bench/e2e_throughput.py --target cuda --seeds 0 --warm-submit \
+             --seeds $E2E_SEEDS --out "$OUT/e2e" --json "$OUT/e2e.json" ;;
+    warm) step warm 600 python3 bench/e2e_throughput.py --target cuda --seeds --warm-submit \
              --out "$OUT/warm" --json "$OUT/warm.json" ;;
     maxpool) step maxpool 900 python3 bench/e2e_throughput.py --target cuda --workload pool2d \
                --params N=64 C=64 H=112 W=112 KH=3 KW=3 stride=2 pad=1 kind=max --trials 64 --gpus 1 \
-               --seeds "$E2E_SEEDS" --out "$OUT/maxpool" --json "$OUT/maxpool.json" ;;
+               --seeds $E2E_SEEDS --out "$OUT/maxpool" --json "$OUT/maxpool.json" ;;
     firstbuilds) step firstbuilds 300 python3 bench/first_builds.py --target cuda --seeds 1 \
                    --json "$OUT/firstbuilds.json" ;;
     startup) step startup 300 python3 bench/startup_parts.py --repeats "${STARTUP_REPEATS:-3}" --json "$OUT/startup.json" ;;

@@ -29,12 +29,15 @@ Work flows as a stream of small chunks rather than batches that wait for one ano
 
 A model-guided search (farm.core.search, `guided`) proposes at random until the task has a
 model. Where its family has none yet, the loop hands out one round of such configs, then waits
-for that round's retraining before it proposes more (and one more round if the retraining had
-too little to learn from), so that the configs after the first round are the model's. Without
-the wait, the devices' queues were refilled with random configs while the first model trained,
-and a run's first guided trial came late (docs/defaults.md#first-model-wait): the devices now wait
-once per task for the first guided builds instead. XGBoost is imported, and the task's features prepared, ahead of that
-first retraining (farm.core.costmodel.warm_up).
+for that round's retraining (and one more round if the retraining had too little to learn from),
+so that the configs after the first round are the model's. While it waits, each worker is kept
+fed by a bridge of at most BRIDGE_CHUNKS chunks of unguided configs in flight: enough to keep its
+device measuring while the first model trains and its first proposals build, and few enough that
+the first guided candidates queue behind no more than those on the device. Without any bound the
+devices' queues were refilled with random configs while the first model trained, and a run's
+first guided trial came late; with none at all the devices idled through the retraining, the
+first proposals and their builds (docs/defaults.md#first-model-wait). XGBoost is imported, and the
+task's features prepared, ahead of that first retraining (farm.core.costmodel.warm_up).
 
 The loop stops at each task's budget exactly, when the space is exhausted, or when the job is
 cancelled or must stop (its scheduler interrupted): then nothing more is handed out, and the pool
@@ -104,6 +107,9 @@ GRADIENT = "gradient"
 MODEL_REPORT_SECONDS = 1.0
 # The origin of a trial copied from an earlier job's (a task tuned before: `_reuse`).
 REUSED = "reused"
+# Chunks a worker keeps in flight while the job waits for a family's first model (the bridge, module
+# docstring): the one its device measures and the next, built meanwhile (docs/defaults.md#first-model-wait).
+BRIDGE_CHUNKS = 2
 
 # Seconds a worker idles at a task's end before it stands in for the others' last chunks (the end
 # game, module docstring): the last chunks of workers going at the same pace come back within a
@@ -384,8 +390,9 @@ class _TaskLoop:
         self.cancelled = self._stopped()
         self.stop_by = time.monotonic()  # once cancelled: how long its chunks in flight are waited for
         self._trainer = cf.ThreadPoolExecutor(1, thread_name_prefix="farm-retrain")
-        # Unguided configs still to hand out before the wait for a model (module docstring); None:
-        # no wait (a search that needs no model, or a model there already).
+        # Unguided configs of the round still to hand out before the wait for a model, 0 while it is
+        # waited for (the bridge's: module docstring); None: no wait (a search that needs no model, or
+        # a model there already).
         self.unguided_left: int | None = None
         if guided and not self._has_model():
             self.unguided_left = self.round_size
@@ -401,7 +408,7 @@ class _TaskLoop:
                     break  # the chunks still out are left: the pool stopped them, nothing waits for them
                 self._fill()
                 if self._complete() or (not self.proposals and not self.running):
-                    if not (self._complete() or self.cancelled or self.unguided_left == 0
+                    if not (self._complete() or self.cancelled
                             or (not self.retry and (self.exhausted or self._left() <= 0))):
                         self._wait_for_a_worker(stall_seconds)  # work is left, but no worker can take it
                         continue
@@ -474,13 +481,21 @@ class _TaskLoop:
         """Trials of the budget not yet measured, handed out or waiting to be handed out again."""
         return self.budget - self.done - sum(self.in_flight) - sum(len(c.indices) for c in self.retry)
 
+    def _room(self, worker: int) -> int:
+        """Candidates `worker` may still be given: its lead, or the bridge's while the first model is
+        waited for (module docstring), less what it has in flight."""
+        most = self.leads[worker].size
+        if self.unguided_left == 0:
+            most = min(most, BRIDGE_CHUNKS * self.chunk)
+        return most - self.in_flight[worker]
+
     def _roomiest(self) -> int | None:
         """The worker with the fewest candidates in flight, if it has room for more: filling the
         emptiest first gives every worker work before any gets more, and spreads a budget's
         last trials over all of them."""
         ready = [w for w in range(len(self.in_flight)) if self.pool.ready(w)]
         worker = min(ready, key=self.in_flight.__getitem__, default=None)
-        return worker if worker is not None and self.in_flight[worker] < self.leads[worker].size else None
+        return worker if worker is not None and self._room(worker) > 0 else None
 
     def _fill(self) -> None:
         """Hand out work until every worker is full or the budget is all handed out."""
@@ -489,18 +504,17 @@ class _TaskLoop:
         while self.retry and (worker := self._roomiest()) is not None:
             chunk = self.retry.pop(0)
             self._submit(worker, chunk.shard, list(chunk.origins.items()), chunk.attempt + 1)
-        while (not self.exhausted and (left := self._left()) > 0 and self.unguided_left != 0
-               and (worker := self._roomiest()) is not None):
-            n = min(self.chunk, left, self.leads[worker].size - self.in_flight[worker])
+        while not self.exhausted and (left := self._left()) > 0 and (worker := self._roomiest()) is not None:
+            n = min(self.chunk, left, self._room(worker))
             if self.singles[worker]:
                 n = 1
                 self.singles[worker] -= 1
-            if self.unguided_left is not None:
+            if self.unguided_left:
                 n = min(n, self.unguided_left)
                 self.unguided_left -= n
                 if not self.unguided_left:
-                    log.info("task %s: a round of unguided configs handed out; the next wait for the cost model",
-                             self.task_id)
+                    log.info("task %s: a round of unguided configs handed out; the rest bridge the wait for the "
+                             "cost model", self.task_id)
             self._propose(worker, n)
         for worker in self._stand_ins():
             # All the budget lacks, as far as the worker has room: one grace, not one per chunk.

@@ -3,6 +3,7 @@ schedulers and clients in separate processes."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import subprocess
@@ -20,6 +21,7 @@ from farm.client import Client
 from farm.core.errors import FarmError
 from farm.core.jobspec import JobRequest
 from scheduler.service import Scheduler
+from scheduler.tuner import BRIDGE_CHUNKS
 from tests.processes import stop
 
 pytestmark = pytest.mark.slow
@@ -616,7 +618,8 @@ def test_a_worker_gets_what_its_builds_need_in_flight_not_two_batches(pg_url: st
 
 class _RecordedSearches:
     """A task's searches (scheduler.local_searches.LocalSearches) that record, in order, each proposal's size
-    ("propose", n) and each model handed to them ("model", whether it is trained)."""
+    ("propose", n), each batch of results ("observe", n) and each model handed to them ("model", whether
+    it is trained)."""
 
     def __init__(self, searches: Any) -> None:
         self.searches, self.events = searches, []
@@ -630,6 +633,7 @@ class _RecordedSearches:
         return self.searches.propose(requests)
 
     def observe(self, shard: int, results: list[Any]) -> None:
+        self.events.append(("observe", len(results)))
         self.searches.observe(shard, results)
 
     def set_model(self, model: Any) -> None:
@@ -643,11 +647,11 @@ class _RecordedSearches:
 @pytest.mark.parametrize("search", ["xgb", "random"])
 def test_a_model_guided_search_waits_for_its_first_model(pg_url: str, search: str) -> None:
     """The first model's wait (scheduler.tuner): an xgb job of a family with no model hands out a
-    round of unguided configs (one worker, batch 4: 4), waits for that round's retraining, which
-    has too few trials to learn from (8, farm.core.costmodel), hands out a second round, and then
-    proposes nothing until the model trained on those 8 has reached the searches. A random search
-    needs no model and keeps its worker's queue full meanwhile (8 in flight: 16 configs proposed
-    by the time the second round closes)."""
+    round of unguided configs (one worker, batch 8: 8, as many as a model needs, farm.core.costmodel)
+    and waits for that round's retraining to reach the searches. Meanwhile the worker is kept fed
+    by the bridge alone: never more than its two chunks of 4 in flight, where the worker's lead
+    allows two batches (16). A random search needs no model and keeps its worker's queue full
+    (16 in flight: 24 configs proposed by the time the first round closes)."""
     from scheduler.local_pool import LocalWorkerPool
 
     recorded: list[_RecordedSearches] = []
@@ -658,18 +662,20 @@ def test_a_model_guided_search_waits_for_its_first_model(pg_url: str, search: st
             return recorded[-1]
 
     store = open_store(pg_url)
-    job_id = store.submit(JobRequest.build(SMALL, "llvm", 24, workers=1, batch_size=4, search=search))
+    job_id = store.submit(JobRequest.build(SMALL, "llvm", 32, workers=1, batch_size=8, search=search))
     with Scheduler(store, pool_factory=lambda kind, count, keys: Recording.on_this_machine(kind, count, keys)) as sched:
         assert sched.claim_and_run(job_id) == "done"
     trials = store.trials(job_id=job_id)
-    assert len(trials) == 24 and trials["config_index"].is_unique and (trials["status"] == "ok").all()
+    assert len(trials) == 32 and trials["config_index"].is_unique and (trials["status"] == "ok").all()
     events = recorded[0].events
     first_model = events.index(("model", True))
     before = sum(n for kind, n in events[:first_model] if kind == "propose")
     if search == "xgb":
-        assert before == 8, events
+        in_flight = list(itertools.accumulate(n if kind == "propose" else -n for kind, n in events[:first_model]
+                                              if kind in ("propose", "observe")))
+        assert before >= 8 and max(in_flight) <= BRIDGE_CHUNKS * 4 == 8, events
     else:
-        assert before >= 16, events
+        assert before >= 24, events
 
 
 def test_a_job_naming_an_rpc_key_no_device_has_fails_with_a_clear_error(pg_url: str) -> None:
