@@ -16,7 +16,9 @@ DIR=${1:?session folder}; DEST=${2:?destination}; WAIT=${3:-300}
 for _ in $(seq "$WAIT"); do [[ -f $DIR/DONE ]] && break; sleep 1; done
 grep -h "^== \|WARNING\|seed [0-9]*: best\|random.s best, median\|^  random:\|relative L2\|median best\|^MetaSchedule\|^ *farm:\|^metaschedule:\|of best\|^farm tune: \|^ms.tune_tir: \|best after\|zero-shot\|/ tuned\|GPU(s)\|scaling\|warm farm\|Traceback\|Error\|PyTorch \|best measured\|candidates in\|wrong result\|fastest" \
   "$DIR"/*.log "$DIR"/gpu[0-9]/*.log 2>/dev/null | tail -n 60
-tar -C "$DIR" --exclude='*.db' --exclude='*.db-wal' --exclude='*.db-shm' -czf "$DEST/results.tgz" .
+# torch.compile's caches (bench/models_vs_torch.py's) are tens of MiB of compiled kernels: left out too.
+tar -C "$DIR" --exclude='*.db' --exclude='*.db-wal' --exclude='*.db-shm' --exclude=inductor-cache \
+  --exclude=triton-cache -czf "$DEST/results.tgz" .
 stage=$(mktemp -d); budget=$(( ${STORES_MIB:-15} * 1024 * 1024 )); total=0; left=()
 while IFS= read -r -d '' db; do
   rel=${db#"$DIR"/}; files=("$rel"); [[ -f $db-wal ]] && files+=("$rel-wal")
