@@ -87,6 +87,30 @@ def softmax(X: T.Buffer((4, 32), "float32"), Y: T.Buffer((4, 32), "float32")):
             Y[v_i0, v_i1] = E[v_i0, v_i1] / S[v_i0]
 '''
 
+# The attention-mask kernel of a BERT import (transformers' masking): which rows hold a key to
+# attend to, an int8 output; integers have no NaN for the output check to fill unwritten elements with.
+MASK_ROWS = '''from tvm.script import tirx as T
+
+@T.prim_func(s_tir=True)
+def mask_rows(S: T.Buffer((2, 8, 16), "float32"), R: T.Buffer((2, 8, 1), "int8")):
+    T.func_attr({"tirx.noalias": True})
+    C = T.sblock_alloc_buffer((2, 8, 16), "int8")
+    for i, j, k in T.grid(2, 8, 16):
+        with T.sblock("C"):
+            v_i, v_j, v_k = T.axis.remap("SSS", [i, j, k])
+            T.reads(S[v_i, v_j, v_k])
+            T.writes(C[v_i, v_j, v_k])
+            C[v_i, v_j, v_k] = T.Cast("int8", not S[v_i, v_j, v_k] == T.float32("-inf"))
+    for i, j, z, k in T.grid(2, 8, 1, 16):
+        with T.sblock("R"):
+            v_i, v_j, v_z, v_k = T.axis.remap("SSSR", [i, j, z, k])
+            T.reads(C[v_i, v_j, v_k])
+            T.writes(R[v_i, v_j, v_z])
+            with T.init():
+                R[v_i, v_j, v_z] = T.int8(-128)
+            R[v_i, v_j, v_z] = T.max(R[v_i, v_j, v_z], C[v_i, v_j, v_k])
+'''
+
 LLVM = parse_target("llvm")
 
 
@@ -99,7 +123,7 @@ def farm(*args: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedPro
 def kernels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     folder = tmp_path_factory.mktemp("kernels")
     out = {}
-    for name, text in (("matmul_bias_relu", MATMUL_BIAS_RELU), ("softmax", SOFTMAX)):
+    for name, text in (("matmul_bias_relu", MATMUL_BIAS_RELU), ("softmax", SOFTMAX), ("mask_rows", MASK_ROWS)):
         out[name] = folder / f"{name}.py"
         out[name].write_text(text)
     return out
@@ -283,6 +307,18 @@ def test_a_job_on_two_workers_then_its_export_in_tvm(kernels: dict[str, Path], t
     assert applied["softmax"].attrs["tirx.is_scheduled"]
     vm = relax.VirtualMachine(tvm.compile(applied, target=target), tvm.cpu())
     np.testing.assert_allclose(vm["main"](tvm.runtime.tensor(inputs[0])).numpy(), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_a_kernel_with_an_integer_output_is_tuned_and_checked(kernels: dict[str, Path], tmp_path: Path) -> None:
+    """A model's mask kernel (int8 output): its candidates are built, run and checked against the
+    function's own output like any other, every trial ok, none a failure of the farm's own check."""
+    db = tmp_path / "farm.db"
+    proc = farm("tune", str(kernels["mask_rows"]), "--target", "llvm", "--trials", "6", "--batch-size", "3",
+                "--db", f"sqlite:///{db}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    with sqlite3.connect(db) as con:
+        statuses = [status for (status,) in con.execute("SELECT status FROM trials")]
+    assert statuses == ["ok"] * 6, statuses
 
 
 @pytest.mark.parametrize(("name", "text", "message"), [

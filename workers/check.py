@@ -5,7 +5,9 @@ reference after. Done on the host, that moves the whole output over TVM RPC twic
 candidate (51 MB each way for a 64x64x112x112 max pool: seconds per candidate). Instead the
 runner uploads the reference once per session and calls two small kernels of this module:
 
-- `fill(out)`: writes NaN into every element of the output (an unwritten element stays NaN);
+- `fill(out)`: writes NaN into every element of the output (an unwritten element stays NaN); an
+  integer output (a model's mask or index kernel) has no NaN: it gets its type's largest value
+  (a boolean, true), which an unwritten element keeps and the reference rarely holds;
 - `check(out, ref, err)`: err[0] = sum((out - ref)^2), err[1] = sum(ref^2), in float64.
 
 The relative L2 error is sqrt(err[0] / err[1]); a NaN or infinity anywhere in the output makes
@@ -44,7 +46,7 @@ def checker_module(workload: Workload, target: TargetSpec) -> Any:
         return te.sum(tirx.Select(i == 0, squared(got - want), squared(want)), axis=axes)
 
     err = te.compute((2,), sums, name="err")
-    nan = te.compute(shape, lambda *i: tirx.const(math.nan, dtype), name="nan")
+    nan = te.compute(shape, lambda *i: _unwritten(dtype), name="nan")
     mod = tvm.IRModule({"check": te.create_prim_func([out, ref, err]).with_attr("global_symbol", "check"),
                         "fill": te.create_prim_func([nan]).with_attr("global_symbol", "fill")})
     if not target.is_gpu:
@@ -62,6 +64,15 @@ def checker_module(workload: Workload, target: TargetSpec) -> Any:
     sch.bind(outer, "blockIdx.x")
     sch.bind(thread, "threadIdx.x")
     return sch.mod
+
+
+def _unwritten(dtype: str) -> Any:
+    """What `fill` writes into an output of `dtype` (module docstring)."""
+    from tvm import tirx
+
+    if dtype.startswith(("float", "bfloat")):
+        return tirx.const(math.nan, dtype)
+    return tirx.const(True, dtype) if dtype == "bool" else tirx.max_value(dtype)
 
 
 def relative_error(err: Any) -> float:
