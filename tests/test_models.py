@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from farm.core.allocation import GradientAllocation, TaskState, model_kernels, model_latency
+from farm.core.allocation import FAILING_SLICES, GradientAllocation, TaskState, model_kernels, model_latency
 from farm.core.errors import FarmError
 from farm.core.targets import parse_target
 
@@ -158,6 +158,17 @@ def test_gradient_allocation_warms_up_every_task_then_follows_the_steepest() -> 
     assert 2 not in later and later.count(1) > later.count(0)  # the heavier task of equal latency
     assert sum(s.trials for s in states) <= 100
     assert sum(s.trials for s in states) >= 100 - 10  # what is left is less than one slice
+
+
+def test_a_task_whose_configs_all_fail_gets_two_slices_then_none() -> None:
+    """A kernel none of whose configs runs correctly first draws slices (it must find one), but only
+    FAILING_SLICES of them: the rest of the budget goes to the kernels that run."""
+    states = [TaskState(weight=1, flops=10**6, family="a"), TaskState(weight=1, flops=10**6, family="b")]
+    plan = GradientAllocation(states, budget=100, slice_trials=10)
+    while (step := plan.next()) is not None:
+        index, n = step
+        plan.observe(index, states[index].trials + n, 1e-3 if index == 0 else None, False)
+    assert states[1].trials == FAILING_SLICES * 10 and states[0].trials == 100 - states[1].trials
 
 
 def test_model_latency_sums_weighted_kernels_fastest_template() -> None:

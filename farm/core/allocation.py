@@ -14,7 +14,10 @@ descent of the model's latency per trial,
   to gain).
 
 A task whose space is exhausted gets nothing more; one with no correct trial yet after its warm-up
-is weighed by the model's worst task latency (it must find one). With probability EPSILON a slice
+is weighed by the model's worst task latency (it must find one), but after FAILING_SLICES slices
+without one it gets nothing more either: its configs fail (or its kernel cannot be checked), and
+more of the same would only take the budget from the kernels that run; `farm build-model` leaves it
+to TVM's default schedule and says so. With probability EPSILON a slice
 goes to a task at random among those that can take one, so that no estimate starves a task forever.
 Tasks with a budget the user fixed, and tasks reused from earlier jobs, are outside the allocation.
 
@@ -31,6 +34,7 @@ ALPHA = 0.2
 BETA = 2.0
 EPSILON = 0.05
 WINDOW = 32  # trials over which the backward gradient is taken
+FAILING_SLICES = 2  # slices a task with no correct trial gets at most (module docstring)
 
 
 @dataclass
@@ -58,7 +62,8 @@ class GradientAllocation:
 
     def next(self) -> tuple[int, int] | None:
         """(task index, trials) of the next slice, or None when the budget or every space is spent."""
-        open_ = [i for i, s in enumerate(self.states) if not s.exhausted]
+        open_ = [i for i, s in enumerate(self.states)
+                 if not s.exhausted and (s.best is not None or s.trials < FAILING_SLICES * self.slice)]
         if self.left <= 0 or not open_:
             return None
         cold = [i for i in open_ if self.states[i].trials == 0]
