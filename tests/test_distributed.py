@@ -102,7 +102,9 @@ def test_two_worker_actors_share_a_job_exactly(pg_url: str, ray_local: None) -> 
 
 def test_shard_searches_in_ray_actors_plan_as_in_process_ones(ray_local: None) -> None:
     """Each shard's SearchActor gets the model through the object store and proposes exactly what
-    the same search in this process proposes; its results reach it before its next proposal."""
+    the same search in this process proposes; its results reach it before its next proposal. A
+    second task's searches opened on the same actors (a model job's next slice) leave the first
+    task's as they were: coming back to it, its proposals go on as the in-process search's do."""
     import numpy as np
     import ray
 
@@ -131,7 +133,12 @@ def test_shard_searches_in_ray_actors_plan_as_in_process_ones(ray_local: None) -
         local = LocalSearches("xgb", task, 5, 2, measured)
         for searches in (remote, local):
             searches.set_model(model)
-        for _ in range(2):
+        for step in range(3):
+            if step == 2:  # another task's searches on the same actors, then back to this task's
+                other = RaySearches(actors, "random", Task(make_workload("matmul", {"M": 32, "N": 32, "K": 32}),
+                                                            parse_target("llvm")), 1, [])
+                assert all(f.result() for f in other.propose([(0, 4), (1, 4)]))
+                other.close()
             wanted = [(0, 6), (1, 6), (0, 3)]
             proposed = [f.result() for f in remote.propose(wanted)]  # (index, origin) pairs
             assert proposed == [f.result() for f in local.propose(wanted)]
