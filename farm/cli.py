@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import atexit
+import faulthandler
 import json
 import logging
 import os
+import signal
 import sys
 import threading
 from pathlib import Path
@@ -638,10 +640,13 @@ def main() -> NoReturn:
 def _run() -> int:
     """Run the app; its exit status (a user error: one line on stderr first). SIGTERM stops any
     command as Ctrl-C does (scheduler.cluster.stop_on_signals): `farm scheduler` gives its jobs
-    back, `farm tune` cancels its job, each closing what it started."""
+    back, `farm tune` cancels its job, each closing what it started. SIGUSR1 prints every thread's
+    stack and goes on."""
     from scheduler.cluster import stop_on_signals
 
     stop_on_signals(program=True)
+    # `kill -USR1 PID` prints every thread's stack on stderr: what a job that seems stuck waits for.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         # Outside standalone mode typer returns the status of a typer.Exit, its own Ctrl-C (130) included.
         status = app(standalone_mode=False)

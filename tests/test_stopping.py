@@ -147,14 +147,19 @@ def test_a_stopped_scheduler_gives_its_job_back_and_leaves_nothing(pg_url: str, 
 
 
 def _interrupted_job(store: ResultStore, proc: subprocess.Popen[bytes], log: Path, tag: str,
-                     signum: signal.Signals, status: int) -> None:
+                     signum: signal.Signals, status: int, dump_first: bool = False) -> None:
     """Signal `proc` (which runs one job of `store` in process) once it has stored trials: it exits
     within 5 s with `status` (0: any non-zero one), the job cancelled ("interrupted") with its trials,
-    nothing left."""
+    nothing left. `dump_first`: SIGUSR1 before, which prints the tuning loop's stack (among every
+    thread's) to the log and leaves the job running."""
     try:
         _wait_for(lambda: bool(store.jobs(1)) and _stored(store, store.jobs(1)[0]["id"]) >= STORED_BEFORE_STOP,
                   240, "trials stored", log, proc)
         job_id = store.jobs(1)[0]["id"]
+        if dump_first:
+            proc.send_signal(signal.SIGUSR1)
+            _wait_for(lambda: "in run_job" in log.read_text(errors="replace"), 10, "the stacks", log, proc)
+            assert proc.poll() is None and store.job(job_id)["status"] == "running"
         stopped = time.monotonic()
         proc.send_signal(signum)
         proc.wait(30)
@@ -173,11 +178,12 @@ def _interrupted_job(store: ResultStore, proc: subprocess.Popen[bytes], log: Pat
 def test_farm_tune_stopped_cancels_its_job_and_leaves_nothing(pg_url: str, tmp_path: Path,
                                                               signum: signal.Signals) -> None:
     """`farm tune` stopped by SIGTERM (it used to die at once, its job left `running`) or SIGINT.
-    Its job is cancelled, not given back: no service watches an embedded database to run it again."""
+    Its job is cancelled, not given back: no service watches an embedded database to run it again.
+    Before it, SIGUSR1 prints its threads' stacks and stops nothing (docs/cli.md)."""
     tag, log = uuid.uuid4().hex, tmp_path / "tune.log"
     proc = _start(_farm("tune", "matmul", "M=128", "N=128", "K=128", "--target", "llvm", "--trials", "400",
                         "--workers", "2", "--search", "random", "--db", pg_url), log, tag)
-    _interrupted_job(open_store(pg_url), proc, log, tag, signum, 130)
+    _interrupted_job(open_store(pg_url), proc, log, tag, signum, 130, dump_first=signum == signal.SIGTERM)
     assert "farm: interrupted" in log.read_text()
 
 
