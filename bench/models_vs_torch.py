@@ -4,6 +4,7 @@
     python bench/models_vs_torch.py [--case resnet50 --case bert] [--batch 1 16] [--trials 2000]
                                     [--seeds 0 1 2] [--gpus 1] [--target cuda] [--dtype float32]
                                     [--max-autotune [--compile-limit 600]] [--ms-tune-relax] [--profile]
+                                    [--tune-limit SECONDS]
                                     [--out DIR] [--json FILE] [--retime]
     python bench/models_vs_torch.py --case tiny --target llvm --trials 16 --seeds 0   # the script, on a CPU
 
@@ -85,6 +86,7 @@ ROUNDS, SAMPLES, CALLS, WARMUP = 5, 4, 50, 10
 # Model calls profiled per contender (--profile).
 PROFILE_CALLS = 20
 MAX_SAMPLE_S = 2.0  # a sample of a slow contender (an untuned build) takes fewer calls than CALLS
+DUMP_SECONDS = 3.0  # between SIGUSR1 to a process that outlasted its limit and its kill (timed_process)
 CONTENDERS = ("eager", "torch.compile", "torch.compile max-autotune", "tvm untuned", "farm", "metaschedule")
 
 MODEL_FILES = {
@@ -285,13 +287,17 @@ def farm_build(model: Any, inputs: tuple[Any, ...], target: str, best: Path | No
 def timed_process(command: list[str], log: Path, limit: float | None = None) -> tuple[float, int | None]:
     """Run `command` (output to `log`): (wall seconds, exit status, or None when it outlasted `limit`).
     With a limit it runs in a process group of its own, killed whole at the limit (Inductor's compile
-    workers too); without one it stays in ours, so that a `timeout` around this script ends it too."""
+    workers too), after SIGUSR1 and DUMP_SECONDS (a `farm` process prints its threads' stacks into
+    the log: what it was waiting for); without one it stays in ours, so that a `timeout` around this
+    script ends it too."""
     begin = time.perf_counter()
     with log.open("wb") as out:
         proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=limit is not None)
         try:
             code: int | None = proc.wait(timeout=limit)
         except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGUSR1)
+            time.sleep(DUMP_SECONDS)
             os.killpg(proc.pid, signal.SIGKILL)  # the child and the compile workers it started
             proc.wait()
             code = None
@@ -315,7 +321,7 @@ def farm_tune_model(path: Path, args: argparse.Namespace, seed: int) -> dict[str
     command = [sys.executable, "-m", "farm", "tune-model", str(path), "--target", args.target, "--trials",
                str(args.trials), "--workers", str(args.gpus), "--seed", str(seed), "--db", f"sqlite:///{db}",
                "--export", str(export), "--log-dir", str(args.out / f"logs-{stem}")]
-    wall, code = timed_process(command, args.out / f"{stem}.log")
+    wall, code = timed_process(command, args.out / f"{stem}.log", args.tune_limit)
     figures.update(wall_s=wall, command=" ".join(command))
     if code != 0 or not export.exists():
         figures["error"] = f"farm tune-model exit {code}: {log_tail(args.out / f'{stem}.log')}"
@@ -619,6 +625,9 @@ def main() -> None:
     parser.add_argument("--max-autotune", action="store_true",
                         help='also torch.compile(mode="max-autotune-no-cudagraphs"), given --compile-limit seconds')
     parser.add_argument("--compile-limit", type=float, default=600.0)
+    parser.add_argument("--tune-limit", type=float, default=None,
+                        help="seconds a farm tune-model may run; then its threads' stacks go to its log, it is "
+                             "stopped and the seed records the error")
     parser.add_argument("--ms-tune-relax", action="store_true",
                         help="also stock MetaSchedule's tune_relax, same trials, one GPU, and its model")
     parser.add_argument("--profile", action="store_true",
