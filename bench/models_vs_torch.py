@@ -4,11 +4,11 @@
     python bench/models_vs_torch.py [--case resnet50 --case bert] [--batch 1 16] [--trials 2000]
                                     [--seeds 0 1 2] [--gpus 1] [--target cuda] [--dtype float32]
                                     [--max-autotune [--compile-limit 600]] [--ms-tune-relax] [--profile]
-                                    [--tune-limit SECONDS]
+                                    [--tune-limit SECONDS] [--reuse-from CASE]
                                     [--out DIR] [--json FILE] [--retime]
     python bench/models_vs_torch.py --case tiny --target llvm --trials 16 --seeds 0   # the script, on a CPU
 
-Cases: `resnet50` (torchvision's, random weights), `bert` (transformers' BertModel with BertConfig()'s
+Cases: `resnet50` and `resnet101` (torchvision's, random weights), `bert` (transformers' BertModel with BertConfig()'s
 defaults, BERT-base, on input_ids of sequence 128; where transformers is missing, a
 torch.nn.TransformerEncoder of BERT-base's size with word and position embeddings, and the JSON says
 which), `tiny` (a small conv net, for checking this script anywhere). Each case and batch is written
@@ -19,7 +19,9 @@ model. fp32 only (--dtype float32): a dtype is an entry of TOLERANCE and a cast 
 Per case, batch and seed, `python -m farm tune-model OUT/CASE-bB.py --target T --trials N --workers W
 --seed S --db sqlite:///OUT/CASE-bB-sS.db --export OUT/CASE-bB-sS.json` runs as a user runs it, a
 process of its own timed whole (W = --gpus: the farm measures on one GPU per worker; a fresh
-database each time, so that no kernel is reused from an earlier job). With --ms-tune-relax, stock
+database each time, so that no kernel is reused from an earlier job, unless --reuse-from CASE says to
+start from the database of CASE's job of the same batch and seed, e.g. ResNet-101 after ResNet-50:
+the JSON then counts the kernels reused and the trials spent on the others). With --ms-tune-relax, stock
 MetaSchedule tunes the same model with the same total trials on one GPU, also a process of its own
 timed whole: `ms.relax_integration.tune_relax` (max_trials_global = N, its defaults otherwise, its
 LocalBuilder sized and timed out as bench/vs_metaschedule.py does) on the model legalized and fused as
@@ -113,15 +115,15 @@ IMPLEMENTATION = "tiny conv net"
 model = Tiny().eval().to(torch.{dtype})
 example_inputs = (torch.randn({batch}, 3, 32, 32).to(torch.{dtype}),)
 ''',
-    "resnet50": '''"""torchvision's ResNet-50, random weights, batch {batch}."""
+    **{f"resnet{depth}": '''"""torchvision's ResNet-DEPTH, random weights, batch {batch}."""
 import torch
 import torchvision
 
 torch.manual_seed(0)
-IMPLEMENTATION = f"torchvision {{torchvision.__version__}} resnet50(weights=None)"
-model = torchvision.models.resnet50(weights=None).eval().to(torch.{dtype})
+IMPLEMENTATION = f"torchvision {{torchvision.__version__}} resnetDEPTH(weights=None)"
+model = torchvision.models.resnetDEPTH(weights=None).eval().to(torch.{dtype})
 example_inputs = (torch.randn({batch}, 3, 224, 224).to(torch.{dtype}),)
-''',
+'''.replace("DEPTH", str(depth)) for depth in (50, 101)},
     "bert": '''"""BERT-base, random weights, batch {batch}, sequence 128: transformers' BertModel with BertConfig()'s
 defaults, or where transformers is missing a torch.nn.TransformerEncoder of its size."""
 import torch
@@ -318,6 +320,13 @@ def farm_tune_model(path: Path, args: argparse.Namespace, seed: int) -> dict[str
         return figures if export.exists() else {**figures, "error": f"--retime: no export {export}"}
     db.unlink(missing_ok=True)
     export.unlink(missing_ok=True)
+    if args.reuse_from:
+        # CASE-bBATCH-sSEED: the same batch and seed of the case whose records are reused.
+        earlier = args.out / f"{args.reuse_from}-{path.stem.split('-', 1)[1]}-s{seed}.db"
+        if not earlier.exists():
+            return {**figures, "error": f"--reuse-from: no database {earlier} (run --case {args.reuse_from} first)"}
+        shutil.copy(earlier, db)
+        figures["reused_from"] = str(earlier)
     command = [sys.executable, "-m", "farm", "tune-model", str(path), "--target", args.target, "--trials",
                str(args.trials), "--workers", str(args.gpus), "--seed", str(seed), "--db", f"sqlite:///{db}",
                "--export", str(export), "--log-dir", str(args.out / f"logs-{stem}")]
@@ -325,7 +334,21 @@ def farm_tune_model(path: Path, args: argparse.Namespace, seed: int) -> dict[str
     figures.update(wall_s=wall, command=" ".join(command))
     if code != 0 or not export.exists():
         figures["error"] = f"farm tune-model exit {code}: {log_tail(args.out / f'{stem}.log')}"
+    else:
+        figures.update(job_tasks(db))
     return figures
+
+
+def job_tasks(db: Path) -> dict[str, Any]:
+    """The newest job's kernels in `db`: how many, how many reused from an earlier job's records (not
+    tuned again), and the trials spent on the others."""
+    from db.store import open_store
+
+    store = open_store(f"sqlite:///{db}")
+    job = store.job(max(j["id"] for j in store.jobs()))
+    reused = [t for t in job["tasks"] if t.get("reused")]
+    return {"kernels": len(job["tasks"]), "reused": len(reused),
+            "trials_tuned": sum(t["trials"] for t in job["tasks"] if not t.get("reused"))}
 
 
 def run_metaschedule(path: Path, target: str, trials: int, seed: int, work_dir: Path) -> None:
@@ -554,6 +577,8 @@ def kernel_profile(fn: Callable[[], Any], calls: int = PROFILE_CALLS) -> dict[st
 def seed_line(name: str, run: dict[str, Any]) -> str:
     tune = run["farm_tune"]
     parts = [f"farm tune {tune['wall_s']:.0f} s" if "wall_s" in tune else "farm tune (earlier run)"]
+    if tune.get("reused"):
+        parts.append(f"{tune['reused']}/{tune['kernels']} kernels reused, {tune['trials_tuned']} trials on the rest")
     if "error" in tune:
         parts.append(f"farm tune FAILED: {tune['error'].splitlines()[-1][:200]}")
     for label, t in run["timing"].items():
@@ -625,6 +650,9 @@ def main() -> None:
     parser.add_argument("--max-autotune", action="store_true",
                         help='also torch.compile(mode="max-autotune-no-cudagraphs"), given --compile-limit seconds')
     parser.add_argument("--compile-limit", type=float, default=600.0)
+    parser.add_argument("--reuse-from", metavar="CASE", choices=sorted(MODEL_FILES),
+                        help="each job starts from the database of CASE's job of the same batch and seed, an "
+                             "earlier run in --out: the kernels it tuned are reused, not tuned again")
     parser.add_argument("--tune-limit", type=float, default=None,
                         help="seconds a farm tune-model may run; then its threads' stacks go to its log, it is "
                              "stopped and the seed records the error")
