@@ -30,14 +30,15 @@ Work flows as a stream of small chunks rather than batches that wait for one ano
 A model-guided search (farm.core.search, `guided`) proposes at random until the task has a
 model. Where its family has none yet, the loop hands out one round of such configs, then waits
 for that round's retraining (and one more round if the retraining had too little to learn from),
-so that the configs after the first round are the model's. While it waits, each worker is kept
-fed by a bridge of at most BRIDGE_CHUNKS chunks of unguided configs in flight: enough to keep its
-device measuring while the first model trains and its first proposals build, and few enough that
-the first guided candidates queue behind no more than those on the device. Without any bound the
-devices' queues were refilled with random configs while the first model trained, and a run's
-first guided trial came late; with none at all the devices idled through the retraining, the
-first proposals and their builds (docs/defaults.md#first-model-wait). XGBoost is imported, and the
-task's features prepared, ahead of that first retraining (farm.core.costmodel.warm_up).
+so that the configs after the first round are the model's. While it waits, each worker gets a
+bridge of BRIDGE_CHUNKS chunks of unguided configs more, as its last ones drain: its device
+measures them instead of idling through the start of the retraining, and the first guided trial
+comes at most that many configs later per worker. Without any bound the devices' queues were
+refilled with random configs for as long as the first model trained (on fast kernels, a small
+budget's every trial), and a run's first guided trial came late; with none at all the devices idled
+through the retraining, the first proposals and their builds (docs/defaults.md#first-model-wait).
+XGBoost is imported, and the task's features prepared, ahead of that first retraining
+(farm.core.costmodel.warm_up).
 
 The loop stops at each task's budget exactly, when the space is exhausted, or when the job is
 cancelled or must stop (its scheduler interrupted): then nothing more is handed out, and the pool
@@ -47,9 +48,11 @@ tasks when the job is created (farm.core.jobspec.JobRequest).
 
 The end game: once a task's whole budget is handed out, a worker with nothing left in flight
 would wait for the others' last chunks, the task held by the slowest of their builds, its device
-idle (docs/defaults.md#end-game-grace).
-Once such a worker has been idle END_GAME_GRACE seconds, it gets new configs instead, as many as
-the budget still lacks (at most what it may have in flight). The first results to arrive
+idle; so would a worker whose own last candidates are slow builds, its other build slots free
+(a model job's slices end this way, one after another: docs/defaults.md#end-game-grace).
+Once such a worker has returned nothing for END_GAME_GRACE seconds, it gets new configs instead,
+as many as the budget still lacks (at most what it may have in flight), and again after each
+further grace. The first results to arrive
 complete the budget; the task then ends without waiting for the chunks still out, whose results
 are not recorded (the store holds the budget exactly, each config once). Only a worker that has
 returned results in the task stands in, and only for workers that have too: one still starting
@@ -107,9 +110,9 @@ GRADIENT = "gradient"
 MODEL_REPORT_SECONDS = 1.0
 # The origin of a trial copied from an earlier job's (a task tuned before: `_reuse`).
 REUSED = "reused"
-# Chunks a worker keeps in flight while the job waits for a family's first model (the bridge, module
-# docstring): the one its device measures and the next, built meanwhile (docs/defaults.md#first-model-wait).
-BRIDGE_CHUNKS = 2
+# Chunks of unguided configs a worker gets while the job waits for a family's first model (the bridge,
+# module docstring; docs/defaults.md#first-model-wait).
+BRIDGE_CHUNKS = 1
 
 # Seconds a worker idles at a task's end before it stands in for the others' last chunks (the end
 # game, module docstring): the last chunks of workers going at the same pace come back within a
@@ -368,7 +371,8 @@ class _TaskLoop:
         searches.set_model(self.current)
         self.in_flight = [0] * pool.size  # candidates being proposed for, or handed to, each worker
         self.returned = [False] * pool.size  # whether each worker has returned results in this task
-        self.idle_since: list[float | None] = [None] * pool.size  # since when it had nothing in flight
+        # Since when each worker has returned no result and been handed no stand-in (None: no result yet).
+        self.quiet_since: list[float | None] = [None] * pool.size
         # A worker's first batch of a task goes out one candidate per call, so the first result is
         # stored as soon as any one of them has compiled, not the slowest of a chunk: the first,
         # unguided configs take very different times to compile, and a batch (16) compiles at once
@@ -391,9 +395,10 @@ class _TaskLoop:
         self.stop_by = time.monotonic()  # once cancelled: how long its chunks in flight are waited for
         self._trainer = cf.ThreadPoolExecutor(1, thread_name_prefix="farm-retrain")
         # Unguided configs of the round still to hand out before the wait for a model, 0 while it is
-        # waited for (the bridge's: module docstring); None: no wait (a search that needs no model, or
-        # a model there already).
+        # waited for; None: no wait (a search that needs no model, or a model there already). Each
+        # worker's bridge (module docstring): the unguided configs it may still get while it waits.
         self.unguided_left: int | None = None
+        self.bridge_left = [0] * pool.size
         if guided and not self._has_model():
             self.unguided_left = self.round_size
             self._trainer.submit(warm_up, task)  # in the retraining's thread, ahead of its first
@@ -408,7 +413,7 @@ class _TaskLoop:
                     break  # the chunks still out are left: the pool stopped them, nothing waits for them
                 self._fill()
                 if self._complete() or (not self.proposals and not self.running):
-                    if not (self._complete() or self.cancelled
+                    if not (self._complete() or self.cancelled or self._waiting_for_model()
                             or (not self.retry and (self.exhausted or self._left() <= 0))):
                         self._wait_for_a_worker(stall_seconds)  # work is left, but no worker can take it
                         continue
@@ -484,10 +489,15 @@ class _TaskLoop:
     def _room(self, worker: int) -> int:
         """Candidates `worker` may still be given: its lead, or the bridge's while the first model is
         waited for (module docstring), less what it has in flight."""
-        most = self.leads[worker].size
         if self.unguided_left == 0:
-            most = min(most, BRIDGE_CHUNKS * self.chunk)
-        return most - self.in_flight[worker]
+            return min(BRIDGE_CHUNKS * self.chunk - self.in_flight[worker], self.bridge_left[worker])
+        return self.leads[worker].size - self.in_flight[worker]
+
+    def _waiting_for_model(self) -> bool:
+        """Whether nothing may be handed out until the first model arrives: its round and the bridges of
+        the workers that can take work handed out."""
+        return self.unguided_left == 0 and not any(left for w, left in enumerate(self.bridge_left)
+                                                   if self.pool.ready(w))
 
     def _roomiest(self) -> int | None:
         """The worker with the fewest candidates in flight, if it has room for more: filling the
@@ -509,18 +519,22 @@ class _TaskLoop:
             if self.singles[worker]:
                 n = 1
                 self.singles[worker] -= 1
-            if self.unguided_left:
+            if self.unguided_left == 0:
+                self.bridge_left[worker] -= n
+            elif self.unguided_left:
                 n = min(n, self.unguided_left)
                 self.unguided_left -= n
                 if not self.unguided_left:
-                    log.info("task %s: a round of unguided configs handed out; the rest bridge the wait for the "
-                             "cost model", self.task_id)
+                    log.info("task %s: a round of unguided configs handed out; waiting for the cost model",
+                             self.task_id)
+                    self.bridge_left = [BRIDGE_CHUNKS * self.chunk] * len(self.in_flight)
             self._propose(worker, n)
         for worker in self._stand_ins():
             # All the budget lacks, as far as the worker has room: one grace, not one per chunk.
             n = min(self.leads[worker].size, self.budget - self.done)
             log.info("task %s: %s idle at the budget's end, measuring %d new configs in place of the %d still out",
                      self.task_id, self.pool.names[worker], n, sum(self.in_flight))
+            self.quiet_since[worker] = time.monotonic()  # another grace before it stands in again
             self._propose(worker, n)
 
     def _propose(self, worker: int, n: int) -> None:
@@ -528,7 +542,6 @@ class _TaskLoop:
         (future,) = self.searches.propose([(self._shard(worker), n)])
         self.proposals[future] = (worker, n)
         self.in_flight[worker] += n
-        self.idle_since[worker] = None
 
     def _complete(self) -> bool:
         """Whether the budget is all measured: what is still out then is the end game's, not waited for."""
@@ -544,16 +557,17 @@ class _TaskLoop:
         return bool(out) and all(self.returned[w] for w in out)
 
     def _idle(self) -> dict[int, float]:
-        """In the end game, the workers that may stand in (ready, nothing in flight, results
-        returned) and the seconds each has been idle; none outside it."""
+        """In the end game, the workers that may stand in (ready, results returned) and the seconds
+        each has returned nothing (no result, no stand-in handed to it): idle, or waiting on its own
+        slow builds while its device idles; none outside it."""
         if not self._end_game():
             return {}
         now = time.monotonic()
-        return {w: now - since for w, since in enumerate(self.idle_since) if since is not None
-                and not self.in_flight[w] and self.returned[w] and self.pool.ready(w)}
+        return {w: now - since for w, since in enumerate(self.quiet_since) if since is not None
+                and self.returned[w] and self.pool.ready(w)}
 
     def _stand_ins(self) -> list[int]:
-        """The workers that stand in for the others' last chunks now: idle END_GAME_GRACE seconds."""
+        """The workers that stand in for the last chunks out now: quiet END_GAME_GRACE seconds."""
         return [w for w, idle in self._idle().items() if idle >= END_GAME_GRACE]
 
     def _end_game_wake(self) -> float | None:
@@ -585,7 +599,8 @@ class _TaskLoop:
         if added:
             self.in_flight += [0] * added
             self.returned += [False] * added
-            self.idle_since += [None] * added
+            self.quiet_since += [None] * added
+            self.bridge_left += [0] * added
             self.singles += [self.batch_size] * added
             self.leads += [Lead(self.chunk, QUEUE_DEPTH * self.batch_size) for _ in range(added)]
             self.round_size = self.pool.size * self.batch_size
@@ -596,7 +611,6 @@ class _TaskLoop:
         future = self.pool.dispatch(worker, self.task, indices, shard, self.round)
         self.running[future] = _Chunk(worker, shard, indices, dict(proposed), self.round, attempt)
         self.in_flight[worker] += len(indices)
-        self.idle_since[worker] = None
 
     # --- events -------------------------------------------------------------------------
 
@@ -636,8 +650,7 @@ class _TaskLoop:
                                      shard=chunk.shard, round=chunk.round) for i in chunk.indices]
         self.returned[chunk.worker] = True
         self.leads[chunk.worker].observe(results)
-        if not self.in_flight[chunk.worker]:
-            self.idle_since[chunk.worker] = time.monotonic()
+        self.quiet_since[chunk.worker] = time.monotonic()
         if not self.round_results and self.round == 0:
             # Start-up's end, for `farm tune -v` and the service's log: what a user waits for.
             log.info("task %s: first results %.1f s after its searches started", self.task_id,

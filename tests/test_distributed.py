@@ -3,7 +3,6 @@ schedulers and clients in separate processes."""
 
 from __future__ import annotations
 
-import itertools
 import os
 import signal
 import subprocess
@@ -94,10 +93,13 @@ def test_two_worker_actors_share_a_job_exactly(pg_url: str, ray_local: None) -> 
     assert 2 <= len(rounds) <= 3 and rounds[-1]["trials"] == 22
     assert [r["trials"] for r in rounds] == sorted(r["trials"] for r in rounds) and rounds[0]["trials"] >= 8
     assert rounds[0]["model_id"] is None and rounds[1]["model_id"] is not None  # trained on the first round
-    # Each trial says what proposed it: the first round's random draws, then the model's plan
-    # and its screened exploration (half each, so both among 14).
+    # Each trial says what proposed it: the first round's random draws, those that bridged the
+    # wait for the first model (a chunk of 4 per worker at most), then the model's plan and its
+    # screened exploration (half each, so both among the rest).
     assert set(trials[trials["round"] == 0]["origin"]) == {"random"}
-    assert set(trials[trials["round"] >= 1]["origin"]) == {"explore", "plan"}
+    later = trials[trials["round"] >= 1]["origin"]
+    assert {"explore", "plan"} <= set(later) <= {"random", "explore", "plan"}
+    assert (later == "random").sum() <= 2 * BRIDGE_CHUNKS * 4
 
 
 def test_shard_searches_in_ray_actors_plan_as_in_process_ones(ray_local: None) -> None:
@@ -480,14 +482,14 @@ class _Delayed:
 
 def _run_with_delayed_worker(pg_url: str, budget: int,
                              gate_of: Callable[[ResultStore, int], Callable[[_Delayed, list[int]], bool]],
-                             before_close: Callable[[], None]) -> tuple[str, Any, _Delayed]:
-    """Run a 2-worker llvm job of `budget` trials whose worker 0 is `_Delayed` by
+                             before_close: Callable[[], None], workers: int = 2) -> tuple[str, Any, _Delayed]:
+    """Run a llvm job of `budget` trials on `workers` workers whose worker 0 is `_Delayed` by
     `gate_of(store, task_id)`, calling `before_close` once the job has ended (the pool's close
     waits for its calls): (status, the job's trials, worker 0)."""
     from scheduler.local_pool import LocalWorkerPool
 
     store = open_store(pg_url)
-    job_id = store.submit(JobRequest.build(SMALL, "llvm", budget, workers=2, batch_size=4, search="random"))
+    job_id = store.submit(JobRequest.build(SMALL, "llvm", budget, workers=workers, batch_size=4, search="random"))
     (task_id,) = [t["id"] for t in store.tasks(job_id)]
     delayed: list[_Delayed] = []
 
@@ -535,6 +537,32 @@ def test_a_task_ends_with_its_budget_without_waiting_for_a_held_worker(pg_url: s
     assert len(trials) == 40 and trials["config_index"].is_unique and (trials["status"] == "ok").all()
     assert not set(worker.delayed) & set(trials["config_index"])  # the held calls' configs never became trials
     assert (trials["worker"] == "local-1").sum() > 20  # worker 1 measured in worker 0's place
+
+
+def test_a_lone_worker_stands_in_for_its_own_slow_builds(pg_url: str) -> None:
+    """The end game on one worker (a model job's slice on one GPU): its last call is held (as if its
+    builds never ended), its device idle. After END_GAME_GRACE with no result it measures new
+    configs itself, in its free build slots, and the task ends with its budget while the held
+    call is still out; nothing of the held call is recorded."""
+    release = threading.Event()
+    released_before_the_end: list[bool] = []
+
+    def gate_of(store: ResultStore, task_id: int) -> Callable[[_Delayed, list[int]], bool]:
+        def gate(worker: _Delayed, indices: list[int]) -> bool:
+            if not worker.delayed and worker.returned:  # its first call after one has returned results
+                worker.delayed.extend(indices)  # this call alone: the stand-ins after it go through
+                release.wait(60)
+            return False
+        return gate
+
+    def before_close() -> None:
+        released_before_the_end.append(release.is_set())
+        release.set()
+
+    status, trials, worker = _run_with_delayed_worker(pg_url, 16, gate_of, before_close, workers=1)
+    assert status == "done" and released_before_the_end == [False]
+    assert len(trials) == 16 and trials["config_index"].is_unique and (trials["status"] == "ok").all()
+    assert worker.delayed and not set(worker.delayed) & set(trials["config_index"])
 
 
 def test_the_end_game_waits_for_a_worker_that_has_not_returned_results(pg_url: str) -> None:
@@ -655,10 +683,10 @@ class _RecordedSearches:
 def test_a_model_guided_search_waits_for_its_first_model(pg_url: str, search: str) -> None:
     """The first model's wait (scheduler.tuner): an xgb job of a family with no model hands out a
     round of unguided configs (one worker, batch 8: 8, as many as a model needs, farm.core.costmodel)
-    and waits for that round's retraining to reach the searches. Meanwhile the worker is kept fed
-    by the bridge alone: never more than its two chunks of 4 in flight, where the worker's lead
-    allows two batches (16). A random search needs no model and keeps its worker's queue full
-    (16 in flight: 24 configs proposed by the time the first round closes)."""
+    and waits for that round's retraining to reach the searches, handing out no more than the
+    bridge meanwhile (a chunk of 4), where the worker's lead allows two batches (16) in flight. A
+    random search needs no model and keeps its worker's queue full: by the time the first model
+    arrives, the round's 8 results and at least two chunks (8) in flight were proposed."""
     from scheduler.local_pool import LocalWorkerPool
 
     recorded: list[_RecordedSearches] = []
@@ -678,11 +706,9 @@ def test_a_model_guided_search_waits_for_its_first_model(pg_url: str, search: st
     first_model = events.index(("model", True))
     before = sum(n for kind, n in events[:first_model] if kind == "propose")
     if search == "xgb":
-        in_flight = list(itertools.accumulate(n if kind == "propose" else -n for kind, n in events[:first_model]
-                                              if kind in ("propose", "observe")))
-        assert before >= 8 and max(in_flight) <= BRIDGE_CHUNKS * 4 == 8, events
+        assert 8 <= before <= 8 + BRIDGE_CHUNKS * 4, events
     else:
-        assert before >= 24, events
+        assert before >= 16 > 8 + BRIDGE_CHUNKS * 4, events
 
 
 def test_a_job_naming_an_rpc_key_no_device_has_fails_with_a_clear_error(pg_url: str) -> None:
