@@ -34,6 +34,7 @@ from farm.core.task import Task
 from farm.core.workloads import workload_from_json
 from farm.export import commit, export_document, load, metaschedule_schedule, record, validate
 
+# Where the tuned configs come from: an export file or its path, one record, or a list of records.
 Records = str | Path | dict[str, Any] | list[dict[str, Any]]
 
 

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -51,12 +50,11 @@ from torch.utils import _pytree as pytree
 from farm.core.errors import FarmError, brief, one_line
 
 if TYPE_CHECKING:
-    from farm.build_model import CompiledModel
+    from farm.build_model import CompiledModel, Records
     from farm.core.model import ModelInput
 
 __all__ = ["BACKEND_OPTIONS", "FarmModule", "backend", "compile"]
 
-Records = str | Path | dict[str, Any] | list[dict[str, Any]]
 # The keys of torch.compile's `options` that the "farm" backend takes: `compile`'s keyword arguments.
 BACKEND_OPTIONS = ("target", "best", "db", "cuda_graph")
 
