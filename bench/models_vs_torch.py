@@ -17,7 +17,8 @@ it, the weights drawn after torch.manual_seed(0): every process that runs the fi
 model. fp32 only (--dtype float32): a dtype is an entry of TOLERANCE and a cast in the model file.
 
 Per case, batch and seed, `python -m farm tune-model OUT/CASE-bB.py --target T --trials N --workers W
---seed S --db sqlite:///OUT/CASE-bB-sS.db --export OUT/CASE-bB-sS.json` runs as a user runs it, a
+--seed S --db sqlite:///OUT/CASE-bB-sS.db --export OUT/CASE-bB-sS.json --verbose` runs as a user runs it (its
+log says where each task's slices spent their time), a
 process of its own timed whole (W = --gpus: the farm measures on one GPU per worker; a fresh
 database each time, so that no kernel is reused from an earlier job, unless --reuse-from CASE says to
 start from the database of CASE's job of the same batch and seed, e.g. ResNet-101 after ResNet-50:
@@ -329,7 +330,7 @@ def farm_tune_model(path: Path, args: argparse.Namespace, seed: int) -> dict[str
         figures["reused_from"] = str(earlier)
     command = [sys.executable, "-m", "farm", "tune-model", str(path), "--target", args.target, "--trials",
                str(args.trials), "--workers", str(args.gpus), "--seed", str(seed), "--db", f"sqlite:///{db}",
-               "--export", str(export), "--log-dir", str(args.out / f"logs-{stem}")]
+               "--export", str(export), "--log-dir", str(args.out / f"logs-{stem}"), "--verbose"]
     wall, code = timed_process(command, args.out / f"{stem}.log", args.tune_limit)
     figures.update(wall_s=wall, command=" ".join(command))
     if code != 0 or not export.exists():

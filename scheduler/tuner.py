@@ -389,6 +389,8 @@ class _TaskLoop:
         self.refreshes = 0
         self.closing: tuple[int, int, float | None, int | None] = (0, 0, None, None)  # round, done, best, guide
         self.round_started = self.started_at = time.monotonic()
+        self.first_results_at: float | None = None  # this run's (a model job's slice's) first results
+        self.last_retraining_s = 0.0  # this run's wait for its last round's retraining, once its budget was in
         self.exhausted = False
         self.no_worker_since: float | None = None  # since when no worker could take work
         self.cancelled = self._stopped()
@@ -418,7 +420,9 @@ class _TaskLoop:
                         self._wait_for_a_worker(stall_seconds)  # work is left, but no worker can take it
                         continue
                     if self.retraining is not None:
+                        waited = time.monotonic()
                         self._retrained()  # waits for it
+                        self.last_retraining_s += time.monotonic() - waited
                     elif self.round_results:
                         self._close_round()  # the last, partial round
                     else:
@@ -464,6 +468,10 @@ class _TaskLoop:
             self._trainer.shutdown(wait=not self.cancelled, cancel_futures=True)
         if self.refresh:
             log.info("task %s: cost model refreshed %d times between rounds", self.task_id, self.refreshes)
+        first = f"{self.first_results_at - self.started_at:.1f} s" if self.first_results_at is not None else "never"
+        log.info("task %s: ran to %d trials in %.1f s: first results after %s, %.1f s waiting for its last "
+                 "retraining", self.task_id, self.done, time.monotonic() - self.started_at, first,
+                 self.last_retraining_s)
         return "cancelled" if self.cancelled else "done"
 
     def _stopped(self) -> bool:
@@ -651,10 +659,11 @@ class _TaskLoop:
         self.returned[chunk.worker] = True
         self.leads[chunk.worker].observe(results)
         self.quiet_since[chunk.worker] = time.monotonic()
-        if not self.round_results and self.round == 0:
-            # Start-up's end, for `farm tune -v` and the service's log: what a user waits for.
+        if self.first_results_at is None:
+            # Start-up's end (or a slice's), for `farm tune -v` and the service's log: what a user waits for.
+            self.first_results_at = time.monotonic()
             log.info("task %s: first results %.1f s after its searches started", self.task_id,
-                     time.monotonic() - self.started_at)
+                     self.first_results_at - self.started_at)
         results = results[: self.budget - self.done]  # an end game's chunk or the one it stood in for: the first
         for r in results:
             r.origin = chunk.origins.get(r.config_index, "")
