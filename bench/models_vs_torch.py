@@ -344,12 +344,12 @@ def job_tasks(db: Path) -> dict[str, Any]:
     """The newest job's kernels in `db`: how many, how many reused from an earlier job's records (not
     tuned again), and the trials spent on the others."""
     from db.store import open_store
+    from farm.core.allocation import model_kernels
 
     store = open_store(f"sqlite:///{db}")
-    job = store.job(max(j["id"] for j in store.jobs()))
-    reused = [t for t in job["tasks"] if t.get("reused")]
-    return {"kernels": len(job["tasks"]), "reused": len(reused),
-            "trials_tuned": sum(t["trials"] for t in job["tasks"] if not t.get("reused"))}
+    kernels = model_kernels(store.job(max(j["id"] for j in store.jobs()))["tasks"])
+    return {"kernels": len(kernels), "reused": sum(k.reused for k in kernels),
+            "trials_tuned": sum(k.trials for k in kernels if not k.reused)}
 
 
 def run_metaschedule(path: Path, target: str, trials: int, seed: int, work_dir: Path) -> None:
