@@ -17,6 +17,7 @@ import os
 import random
 import socket
 import subprocess
+import threading
 from pathlib import Path
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -105,6 +106,8 @@ def visible_gpus(listed: int, visible: str | None) -> int:
 # ephemeral range (Linux: 32768-60999 by default, /proc/sys/net/ipv4/ip_local_port_range).
 PORTS_FROM = 20000
 _EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_HANDED: set[int] = set()  # ports free_port gave out in this process
+_HANDED_LOCK = threading.Lock()
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -116,7 +119,18 @@ def free_port(host: str = "127.0.0.1") -> int:
     connects, as Ray's components do by the dozen as they start. `farm tune` processes started at
     once on one GPU host lost a job so (docs/defaults.md#free-port). Where there is no room below
     the ephemeral range, an ephemeral port as before.
+
+    A port is handed out once per process: the processes it is meant for bind later, so two draws
+    before either binds could otherwise meet (`farm cluster up` gave a Ray head's GCS and its
+    metrics exporter one port).
     """
+    with _HANDED_LOCK:
+        port = _draw_port(host)
+        _HANDED.add(port)
+        return port
+
+
+def _draw_port(host: str) -> int:
     try:
         ephemeral = int(_EPHEMERAL_RANGE.read_text().split()[0])
     except (OSError, ValueError, IndexError):
@@ -124,6 +138,8 @@ def free_port(host: str = "127.0.0.1") -> int:
     draw = random.SystemRandom()  # not the random module's state, which tests and searches seed
     for _ in range(64 if ephemeral - PORTS_FROM >= 1000 else 0):
         port = draw.randrange(PORTS_FROM, ephemeral)
+        if port in _HANDED:
+            continue
         with socket.socket() as s:
             try:
                 s.bind((host, port))
