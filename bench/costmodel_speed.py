@@ -1,19 +1,22 @@
 """How long the cost model's steps take: retraining at 10,000 trials, scoring 100,000 candidates,
 planning a batch (XGBSearch's annealing), and a zero-shot prediction.
 
-    python bench/costmodel_speed.py [--trials 10000] [--candidates 100000] [--repeat 5]
+    python bench/costmodel_speed.py [--trials 10000] [--candidates 100000] [--repeat 5] [--busy N]
 
 Timing only, so the trials' latencies are synthetic (a fixed function of the features plus
 noise): what is timed (reading the family's trials from SQLite, featurizing them, fitting,
 saving; featurizing and scoring candidates) does not depend on the values. The family has four
 shapes of resnet-last-conv's conv2d on cuda (79 features, the largest space: 10.4 million
 configs); every figure is the median of --repeat runs. The load average is printed: XGBoost uses
-the cores it leaves idle (farm.core.costmodel.idle_cores).
+the cores it leaves idle (farm.core.costmodel.idle_cores). With --busy N, N processes spin on
+the CPU while the steps are timed, as a GPU host's build processes do in a wave of builds: the
+load average has not risen yet when they start, so XGBoost still counts the cores idle.
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import statistics
 import tempfile
@@ -57,11 +60,19 @@ def synthetic(task: Task, indices: np.ndarray, rng: np.random.Generator) -> np.n
     return 1e-4 * np.exp(np.nan_to_num(x) @ weights + rng.normal(0, 0.1, len(indices)))
 
 
+def spin() -> None:
+    """A CPU-bound process, for --busy."""
+    while True:
+        pass
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=10_000)
     parser.add_argument("--candidates", type=int, default=100_000)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--busy", type=int, default=0, metavar="N",
+                        help="processes spinning on the CPU while the steps are timed (builds' load)")
     args = parser.parse_args()
     print(f"machine: {machine()}; load average {os.getloadavg()[0]:.1f} at the start")
     rng = np.random.default_rng(1)
@@ -81,6 +92,11 @@ def main() -> None:
                                                     Status.RUNTIME_ERROR if failed else Status.OK,
                                                     latencies=[] if failed else [latency]))
     row, task = rows[0], Task.from_json(rows[0])
+    spinners = [multiprocessing.Process(target=spin, daemon=True) for _ in range(args.busy)]
+    for p in spinners:
+        p.start()
+    if spinners:
+        print(f"{len(spinners)} processes spinning on the CPU from now on")
 
     read, trials = timed(lambda: store.trials_for_family(row["family_key"]), args.repeat)
     featurize, data = timed(lambda: training_set(trials, task), args.repeat)
@@ -111,6 +127,8 @@ def main() -> None:
     zero_shot, _ = timed(lambda: predict(untuned, parse_target("cuda"), store, top=5), args.repeat)
     print(f"predict top 5 for an untuned shape ({untuned}): {zero_shot:.3f} s")
     print(f"load average {os.getloadavg()[0]:.1f} at the end; XGBoost threads now: {idle_cores()}")
+    for p in spinners:
+        p.kill()
 
 
 if __name__ == "__main__":

@@ -7,6 +7,9 @@ fast and exact; tests/test_search_xgb.py compares searches on real llvm measurem
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -331,3 +334,17 @@ def test_a_panel_of_many_runs_draws_each_group_as_its_median_in_a_band() -> None
     draw_panel(ax, curves[:MAX_LINES])  # few enough: a line per run
     assert len(ax.get_lines()) == 2 + MAX_LINES
     plt.close(fig)
+
+
+@pytest.mark.parametrize("given, expected", [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")])
+def test_xgboost_threads_sleep_while_they_wait_unless_told_otherwise(given: str | None, expected: str) -> None:
+    """XGBoost's OpenMP runtime reads OMP_WAIT_POLICY when it is first imported, in a process of its
+    own here: the farm's import sets it to PASSIVE unless the environment gave a policy."""
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    if given is not None:
+        env["OMP_WAIT_POLICY"] = given
+    code = ("import os, sys; from farm.core.costmodel import xgboost_module; "
+            "assert 'xgboost' not in sys.modules; xgb = xgboost_module(); "
+            "print(os.environ['OMP_WAIT_POLICY'], xgb.__name__)")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == [expected, "xgboost"]

@@ -65,7 +65,8 @@ def idle_cores() -> int:
 
     The scheduler shares its machine with compile processes, and OpenMP threads that wait for a
     busy core spin: at a load of 6 on 2 cores, training on 10,000 trials took 10.5 s with 2
-    threads and 1.8 s with 1.
+    threads and 1.8 s with 1. The load average lags the builds, which come in waves, so XGBoost
+    is imported with its threads set to sleep while they wait (`xgboost_module`).
     """
     cores = usable_cores()
     try:
@@ -73,6 +74,21 @@ def idle_cores() -> int:
     except OSError:  # no load average on this platform
         return 1
     return max(1, cores - int(load))  # whole busy cores only: this process's own work is in the load too
+
+
+def xgboost_module() -> Any:
+    """XGBoost, its OpenMP threads set to sleep while they wait (OMP_WAIT_POLICY=PASSIVE, unless the
+    environment says otherwise), read by its own OpenMP runtime when this first imports it.
+
+    Spinning threads stall where other processes hold the cores: the scheduler's retraining and
+    every shard's search share a GPU host with its build processes, and each sizes its threads
+    by the cores idle a minute ago (`idle_cores`), so a wave of builds finds them all spinning
+    (docs/defaults.md#xgboost-threads).
+    """
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    import xgboost
+
+    return xgboost
 
 
 # The booster attribute holding the SHA-256 (hex) of the model's bytes saved without it, and how
@@ -109,8 +125,7 @@ class CostModel:
         `groups` (n,) says which rows are ranked against each other (one id per shape). Returns
         self. With fewer than MIN_TRAINING_ROWS rows or one label value it changes nothing.
         """
-        import xgboost as xgb
-
+        xgb = xgboost_module()
         if len(labels) < MIN_TRAINING_ROWS or np.ptp(labels) == 0:
             return self
         order = np.argsort(groups, kind="stable")  # XGBoost wants each query's rows together
@@ -172,8 +187,7 @@ class CostModel:
         The digest is checked first: XGBoost's parser crashes the process on some damaged models
         (measured with XGBoost 3.2: cut at arbitrary points, or with one byte overwritten).
         """
-        import xgboost as xgb
-
+        xgb = xgboost_module()
         data = bytes(data)
         at = data.find(_DIGEST_ENTRY)
         if at < 0:
@@ -319,8 +333,7 @@ def warm_up(task: Task) -> None:
     analyse the task's workload (its cached featurizer). The first retraining of a job's task,
     which the model-guided search waits for, took 1.9 to 6.1 s on GPU hosts against 0.3 s for
     the next ones (2 cores here: 0.74 s cold, 0.03 s warm)."""
-    import xgboost  # noqa: F401  (imported for its import's cost, paid now)
-
+    xgboost_module()  # imported for its import's cost, paid now
     featurizer(task)
 
 
