@@ -122,6 +122,30 @@ def test_batch_norm_folds_into_the_convolution_before_it() -> None:
         assert compile_model(model, target="llvm").check() < 1e-5
 
 
+def test_a_half_precision_model_imports_and_builds_to_what_pytorch_computes() -> None:
+    """TVM's frontend gives a convolution's and a linear layer's product in float32 and then adds a
+    float16 bias, which does not import; the farm's import sums in float32, rounds to float16 and
+    adds the bias there, as PyTorch does, and keeps every activation in float16."""
+    import warnings
+
+    from farm.build_model import compile_model
+    from farm.core.model import load_model
+
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(),
+                                 torch.nn.Conv2d(8, 8, 3, padding=1, bias=False), torch.nn.BatchNorm2d(8),
+                                 torch.nn.Flatten(), torch.nn.Linear(8 * 8 * 8, 10)).eval().half()
+    model = load_model(module, (torch.randn(1, 3, 8, 8).half(),))
+    assert [i.dtype for i in model.inputs] == ["float16"]
+    assert str(model.mod["main"].ret_ty.fields[0].dtype) == "float16"
+    names = [t.name for t in model.tasks(LLVM)]
+    assert any(n.startswith("fused_conv2d") and "cast" in n for n in names), names
+    assert any(n.startswith("fused_matmul") and "cast" in n for n in names), names
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # no tuned record: TVM's default schedule
+        assert compile_model(model, target="llvm").check() < 2e-2
+
+
 def test_model_job_weights_skips_and_fixed_budgets(net: Any) -> None:
     from farm.core.model import model_job
 

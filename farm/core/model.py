@@ -292,8 +292,10 @@ def _torch_runner(module: Any) -> Callable[[list[np.ndarray]], list[np.ndarray]]
 def _from_exported(program: Any, name: str) -> Model:
     from tvm.relax.frontend.torch import from_exported_program
 
+    from farm.core.half_import import HALF_CONVERTERS
+
     try:
-        mod = from_exported_program(program)
+        mod = from_exported_program(program, custom_convert_map=HALF_CONVERTERS)
     except AssertionError as e:  # the frontend's "Unsupported function types [...]"
         raise FarmError(f"the model does not import into TVM Relax: {_unsupported(e)}") from None
     except Exception as e:
