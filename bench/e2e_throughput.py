@@ -24,6 +24,10 @@ from its start to its exit. From the job's trials (their timelines, farm.report.
 - how many trials the search proposed without a model (its first round, and those that kept the
   devices fed while the first model trained: scheduler.tuner's bridge), and the position of the
   first trial proposed with one;
+- the job's phases per device (`phases`): claim to its first measurement, its wait for the first
+  model (its last unguided measurement to its first guided one), its last measurement to the job's
+  end, and its busy share in between (from its first guided measurement to its last): the fixed
+  costs that do not shrink with more GPUs, apart from the steady state that does;
 - a timeline PNG per run (farm report --timeline).
 
 Printed: one line per run, then medians over seeds (with min and max) per GPU count, and the
@@ -69,6 +73,7 @@ def run_once(args: argparse.Namespace, gpus: int, seed: int) -> dict[str, Any]:
     busy = use.busy_seconds
     overhead = sorted(use.overhead_seconds) or [float("nan")]
     claimed = store.job(job["id"])["started_at"].timestamp()
+    ended = claimed + use.wall_seconds
     return {"gpus": gpus, "seed": seed, "started_at": started, "claimed_after_s": claimed - started,
             "wall_s": wall, "trials": len(trials), "trials_per_s": len(trials) / wall,
             "first_trial_s": first, "job_wall_s": use.wall_seconds,
@@ -89,7 +94,36 @@ def run_once(args: argparse.Namespace, gpus: int, seed: int) -> dict[str, Any]:
             # position of the first it proposed with one, in the order trials were stored.
             "unguided_trials": int((trials["origin"] == "random").sum()),
             "first_guided": int(guided.argmax()) + 1 if (guided := (trials["origin"] != "random").to_numpy()).any()
-            else None}
+            else None,
+            "phases": phases(trials, claimed, ended)}
+
+
+def phases(trials: Any, claimed: float, ended: float) -> dict[str, dict[str, float | None]]:
+    """Per device (worker): seconds from the claim to its first measurement (`start`), from its last
+    unguided measurement to its first guided one (`first_model_wait`, 0 where they overlap, None
+    without both), from its last measurement to the job's end (`tail`), and its share of time in
+    timed runs from its first guided measurement to its last (`steady_busy`)."""
+    out: dict[str, dict[str, float | None]] = {}
+    for worker, group in trials.groupby("worker"):
+        timelines = [t for t in group["timeline"] if t and "measure" in t]
+        if not timelines:
+            continue
+        guided = [t for t, origin in zip(group["timeline"], group["origin"], strict=True)
+                  if t and "measure" in t and origin != "random"]
+        unguided = [t for t, origin in zip(group["timeline"], group["origin"], strict=True)
+                    if t and "measure" in t and origin == "random"]
+        first_guided = min((t["measure"][0] for t in guided), default=None)
+        last = max(t["measure"][1] for t in timelines)
+        steady = None
+        if first_guided is not None and last > first_guided:
+            timed = sum(b - a for t in timelines if t["measure"][0] >= first_guided for a, b in t.get("timed", []))
+            steady = timed / (last - first_guided)
+        out[str(worker)] = {
+            "start": min(t["measure"][0] for t in timelines) - claimed,
+            "first_model_wait": max(0.0, first_guided - max(t["measure"][1] for t in unguided))
+            if first_guided is not None and unguided else None,
+            "tail": ended - last, "steady_busy": steady}
+    return out
 
 
 # `farm tune -v`'s line for Ray's start (scheduler.service), and the worker actor's for its first
@@ -209,6 +243,7 @@ def main() -> None:
                   f"{run['end_game_configs']} configs; unguided trials {run['unguided_trials']}, first guided "
                   f"trial no. {run['first_guided']}; first session open after "
                   + ", ".join(f"{w} {t:.1f} s" for w, t in sorted(run["first_session_s"].items())), flush=True)
+            print(f"  phases: {phase_line(run['phases'])}", flush=True)
             if args.json:  # after every run: a session cut short keeps what it finished
                 args.json.write_text(json.dumps(figures, indent=1, default=str))
     figures["summary"] = summarise(figures["runs"])
@@ -218,6 +253,19 @@ def main() -> None:
               f"{spread(figures['warm_submit']['submit_to_first_trial_s'])} s")
     if args.json:
         args.json.write_text(json.dumps(figures, indent=1, default=str))
+
+
+def phase_line(per_device: dict[str, dict[str, float | None]]) -> str:
+    """`phases` in one line: the medians over the devices, and the steady busy share's range."""
+    def median(key: str) -> str:
+        values = [p[key] for p in per_device.values() if p[key] is not None]
+        return f"{statistics.median(values):.1f} s" if values else "-"
+
+    steady = [p["steady_busy"] for p in per_device.values() if p["steady_busy"] is not None]
+    busy = f"{min(steady):.0%} to {max(steady):.0%}" if steady else "-"
+    return (f"claim to first measurement {median('start')}, first-model wait {median('first_model_wait')}, "
+            f"last measurement to the end {median('tail')} (medians over devices); busy after the first guided "
+            f"trial {busy}")
 
 
 def summarise(runs: list[dict[str, Any]]) -> dict[Any, Any]:
