@@ -191,8 +191,9 @@ class ResultStore(ABC):
     # Trials -----------------------------------------------------------------------------
 
     @abstractmethod
-    def measured_indices(self, task_id: int) -> set[int]:
-        """Config indices of the task that have a trial, whatever its status."""
+    def measured(self, task_id: int) -> dict[int, float | None]:
+        """Each config index of the task that has a trial, whatever its status, with its latency
+        (None unless the trial is ok): what a search of the task started afresh must know."""
 
     @abstractmethod
     def trial_count(self, task_id: int) -> int:

@@ -417,9 +417,11 @@ class SQLResultStore(ResultStore):
     # Trials -----------------------------------------------------------------------------
 
     @_through_outages()
-    def measured_indices(self, task_id: int) -> set[int]:
+    def measured(self, task_id: int) -> dict[int, float | None]:
         with self._read() as connection:
-            return set(connection.execute(select(_TRIALS.c.config_index).where(_TRIALS.c.task_id == task_id)).scalars())
+            rows = connection.execute(select(_TRIALS.c.config_index, _TRIALS.c.status, _TRIALS.c.latency)
+                                      .where(_TRIALS.c.task_id == task_id))
+            return {int(index): latency if status == "ok" else None for index, status, latency in rows}
 
     @_through_outages()
     def trial_count(self, task_id: int) -> int:

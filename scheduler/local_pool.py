@@ -9,7 +9,7 @@ such as the benchmarks' memoising device); the shards' searches are objects of t
 from __future__ import annotations
 
 import concurrent.futures as cf
-from collections.abc import Iterable, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -86,7 +86,7 @@ class LocalWorkerPool:
                round_: int) -> cf.Future[list[MeasureResult]]:
         return self._threads.submit(self.workers[worker].build_and_measure, task, indices, shard, round_)
 
-    def searches(self, search: str, task: Task, seed: int, measured: Iterable[int]) -> LocalSearches:
+    def searches(self, search: str, task: Task, seed: int, measured: Mapping[int, float | None]) -> LocalSearches:
         return LocalSearches(search, task, seed, self.size, measured)
 
     def cancel(self) -> None:

@@ -6,7 +6,7 @@ benchmarks that need no cluster, the in-process worker pool: scheduler.local_poo
 from __future__ import annotations
 
 import concurrent.futures as cf
-from collections.abc import Iterable, Sequence
+from collections.abc import Mapping, Sequence
 
 from farm.core.costmodel import StoredModel
 from farm.core.measure import MeasureResult
@@ -17,9 +17,11 @@ from scheduler.shards import Proposal, proposal, shard_search
 class LocalSearches:
     """Every shard's strategy as an object of this process."""
 
-    def __init__(self, search: str, task: Task, seed: int, shards: int, measured: Iterable[int] = ()) -> None:
-        """FarmError for a bad search spec. `measured`: configs no shard may propose."""
-        done = set(measured)
+    def __init__(self, search: str, task: Task, seed: int, shards: int,
+                 measured: Mapping[int, float | None] | None = None) -> None:
+        """FarmError for a bad search spec. `measured`: configs no shard may propose, with their
+        latencies (None: failed)."""
+        done = dict(measured or {})
         self.strategies = [shard_search(search, task, seed, s, done) for s in task.space.shards(shards)]
 
     @property

@@ -11,7 +11,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import math
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol
 
 from farm.core.measure import MeasureResult
@@ -91,7 +91,7 @@ class WorkerPool(Protocol):
 
     def cancel(self) -> None: ...
 
-    def searches(self, search: str, task: Task, seed: int, measured: Iterable[int]) -> ShardSearches: ...
+    def searches(self, search: str, task: Task, seed: int, measured: Mapping[int, float | None]) -> ShardSearches: ...
 
     def grow(self) -> int:
         """Add the workers whose devices joined since the last call and are up; how many."""

@@ -21,7 +21,7 @@ import concurrent.futures as cf
 import json
 import logging
 import threading
-from collections.abc import Iterable
+from collections.abc import Mapping
 from typing import Any
 
 from farm.core.errors import one_line
@@ -179,11 +179,11 @@ class RayWorkerPool:
             self._down.discard(worker)
         log.info("worker actor %s is up again", self.names[worker])
 
-    def searches(self, search: str, task: Task, seed: int, measured: Iterable[int]) -> RaySearches:
+    def searches(self, search: str, task: Task, seed: int, measured: Mapping[int, float | None]) -> RaySearches:
         """One search per worker's shard of `task`, in this pool's search actors (see RaySearches)."""
         import ray
 
-        measured = list(measured)
+        measured = dict(measured)
         try:
             return RaySearches(self._search_actors, search, task, seed, measured)
         except ray.exceptions.RayActorError as e:  # one died since the last task: start them afresh

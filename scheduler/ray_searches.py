@@ -16,7 +16,7 @@ import concurrent.futures as cf
 import json
 import os
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from farm.core.costmodel import CostModel, StoredModel
@@ -41,8 +41,9 @@ class SearchActor:
         self.model_ids: dict[str, int | None] = {}
 
     def start(self, key: str, search: str, task_json: str, seed: int, shard: int, shards: int,
-              measured: list[int]) -> None:
-        """Search shard `shard` of `shards` of the task under `key` from now on, skipping `measured`."""
+              measured: dict[int, float | None]) -> None:
+        """Search shard `shard` of `shards` of the task under `key` from now on, skipping `measured`
+        (config index -> latency, None: failed)."""
         task = Task.from_json(json.loads(task_json))
         self.strategies[key] = shard_search(search, task, seed, task.space.shards(shards)[shard], measured)
         self.model_ids[key] = None
@@ -77,14 +78,15 @@ class RaySearches:
     RaySearches may share the actors, each its own searches in them (module docstring).
     """
 
-    def __init__(self, actors: list[Any], search: str, task: Task, seed: int, measured: Iterable[int]) -> None:
+    def __init__(self, actors: list[Any], search: str, task: Task, seed: int,
+                 measured: Mapping[int, float | None]) -> None:
         """FarmError for a bad search spec (raised here, not in the actors)."""
         import ray
 
         parse_search(search)
         self.actors = actors
         self.key = uuid.uuid4().hex
-        done = ray.put(sorted(set(measured)))
+        done = ray.put(dict(measured))
         task_json = json.dumps(task.to_json(), sort_keys=True)
         ray.get([a.start.remote(self.key, search, task_json, seed, i, len(actors), done)
                  for i, a in enumerate(actors)])

@@ -16,7 +16,7 @@ share (`shard_search`, `proposal`); the implementations stand side by side:
 from __future__ import annotations
 
 import concurrent.futures as cf
-from collections.abc import Iterable, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from farm.core.costmodel import StoredModel
@@ -53,8 +53,10 @@ class ShardSearches(Protocol):
         """Release what the searches hold (processes, actors)."""
 
 
-def shard_search(search: str, task: Task, seed: int, shard: Shard, measured: Iterable[int]) -> SearchStrategy:
-    """The strategy `search` for one shard, told which configs are measured already."""
+def shard_search(search: str, task: Task, seed: int, shard: Shard,
+                 measured: Mapping[int, float | None]) -> SearchStrategy:
+    """The strategy `search` for one shard, told which configs are measured already and their
+    latencies (None: failed)."""
     strategy = make_search(search, task, shard, seed)
     strategy.mark_measured(measured)
     return strategy

@@ -98,7 +98,8 @@ CANCEL_POLL_SECONDS = 0.5
 # back once the candidate it is measuring is measured (a hung one, after its time limit).
 STOP_GRACE_SECONDS = 3.0
 # Tasks of a job whose shard searches are kept between their slices (a model job's): each holds a
-# search process per worker.
+# search process per worker. A task whose searches were dropped starts them again from its trials in
+# the store, latencies included (SearchStrategy.mark_measured), so they plan as the dropped ones would.
 KEEP_SEARCHES = 4
 # Trials of a model job's slice, at the least (its budget allowing): each slice starts with the
 # devices waiting for its first builds and ends with a retraining, so slices much shorter than
@@ -217,7 +218,7 @@ class _Tasks:
 
         strategy, options = parse_search(self.search)
         loop = _TaskLoop(self.store, self.writer, job_id, row, task, self.pool, searches, self.batch_size, report,
-                         len(self.store.measured_indices(row["id"])), self.should_stop, guided=strategy.guided,
+                         len(self.store.measured(row["id"])), self.should_stop, guided=strategy.guided,
                          refresh=int(options.get("refresh", 0)))
         status = loop.run(self.stall_seconds)
         return _Ran(status, loop.done, loop.best, loop.exhausted)
@@ -231,7 +232,7 @@ class _Tasks:
             self._searches.pop(next(iter(self._searches)))[1].close()
         start = time.monotonic()
         log.info("task %s: starting %s shard searches", row["id"], self.search)
-        searches = self.pool.searches(self.search, task, self.seed, self.store.measured_indices(row["id"]))
+        searches = self.pool.searches(self.search, task, self.seed, self.store.measured(row["id"]))
         log.info("task %s: %d shard searches (%s) started in %.1f s", row["id"], searches.count, self.search,
                  time.monotonic() - start)
         self._searches[row["id"]] = (task, searches)

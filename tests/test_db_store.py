@@ -262,7 +262,9 @@ class TestResultStore:
         assert writer.flush() == 0
         writer.close()
         assert writer.inserted == 5 and len(inserts) == 2
-        assert store.measured_indices(task_id) == {0, 1, 2, 3, 10}
+        measured = store.measured(task_id)  # each config once, its first result kept
+        assert set(measured) == {0, 1, 2, 3, 10} and measured[2] == pytest.approx(1e-3)
+        assert measured[10] == pytest.approx(2e-3)
         assert store.best(task_id, k=10)[-1]["latency"] == pytest.approx(2e-3)
         with pytest.raises(RuntimeError, match="after close"):
             writer.record(task_id, ok(11, 1e-3))
@@ -296,7 +298,7 @@ class TestResultStore:
             for thread in threads:
                 thread.join()
         assert writer.inserted == 250
-        assert store.measured_indices(task_id) == set(range(250))
+        assert set(store.measured(task_id)) == set(range(250))
 
     def test_failed_flush_keeps_rows(self, store: ResultStore) -> None:
         task_id = store.tasks(make_job(store))[0]["id"]

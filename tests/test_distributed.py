@@ -128,7 +128,7 @@ def test_shard_searches_in_ray_actors_plan_as_in_process_ones(ray_local: None) -
     model = StoredModel(CostModel().fit(x, feats.names, (varying - varying.min()) / np.ptp(varying),
                                         np.zeros(200, dtype=np.int64)), 42)
     assert model.model.trained  # else both sides are random search, and the test proves less
-    measured = indices[:50].tolist()
+    measured = dict.fromkeys(indices[:50].tolist(), 1e-3)
     actors = [ray.remote(SearchActor).options(num_cpus=0).remote() for _ in range(2)]
     try:
         remote = RaySearches(actors, "xgb", task, 5, measured)
@@ -138,7 +138,7 @@ def test_shard_searches_in_ray_actors_plan_as_in_process_ones(ray_local: None) -
         for step in range(3):
             if step == 2:  # another task's searches on the same actors, then back to this task's
                 other = RaySearches(actors, "random", Task(make_workload("matmul", {"M": 32, "N": 32, "K": 32}),
-                                                            parse_target("llvm")), 1, [])
+                                                            parse_target("llvm")), 1, {})
                 assert all(f.result() for f in other.propose([(0, 4), (1, 4)]))
                 other.close()
             wanted = [(0, 6), (1, 6), (0, 3)]

@@ -65,7 +65,7 @@ def test_contract_on_a_large_space_with_and_without_a_model(resnet_cuda: tuple[T
     """Never a config twice, never one measured elsewhere, only valid ones, only its shard's."""
     task, model = resnet_cuda
     shards = task.space.shards(3)
-    measured = set(np.random.default_rng(1).choice(task.space.size, 5000, replace=False).tolist())
+    measured = dict.fromkeys(np.random.default_rng(1).choice(task.space.size, 5000, replace=False).tolist())
     for shard in shards:
         search = XGBSearch(task, shard, seed=4, epsilon=0.5, screen=screen)
         search.mark_measured(measured)
@@ -79,7 +79,7 @@ def test_contract_on_a_large_space_with_and_without_a_model(resnet_cuda: tuple[T
         search.set_model(None)  # back to random
         proposed += search.propose(16)
         assert len(proposed) == len(set(proposed)) == 16 * 8
-        assert not set(proposed) & measured
+        assert not set(proposed) & measured.keys()
         assert all(i in shard for i in proposed)
         assert all(task.check(task.space.get(i)) is None for i in proposed)
 
@@ -207,6 +207,37 @@ def test_exploration_share_falls_to_late_eps_once_the_shard_has_late_results(
         search.observe([MeasureResult(i, {}, Status.OK, latencies=[1e-5]) for i in range(43)])
     assert (default.share(), off.share()) == (0.15, off.epsilon)
 
+
+
+def test_a_search_started_again_remembers_what_its_shard_measured(resnet_cuda: tuple[Task, CostModel]) -> None:
+    """A model job drops a task's searches between its slices (scheduler.tuner's KEEP_SEARCHES) and
+    starts them again from the store: told the measured configs with their latencies, the new search
+    plans from the same state as the one that measured them (its chains start at the shard's best,
+    its exploration at `late_eps`), which configs alone did not give it."""
+    task, model = resnet_cuda
+    shard = task.space.shards(2)[1]
+    first = make_search("xgb:late=24", task, shard, 7)
+    first.set_model(model)
+    measured: dict[int, float | None] = {}
+    for _ in range(2):
+        batch = first.propose(16)
+        latencies = synthetic_latency(task, np.array(batch)).tolist()
+        first.observe([MeasureResult(i, {}, Status.OK, latencies=[lat])
+                       for i, lat in zip(batch[:-1], latencies[:-1], strict=True)]
+                      + [MeasureResult(batch[-1], {}, Status.BUILD_ERROR)])
+        measured.update(zip(batch[:-1], latencies[:-1], strict=True))
+        measured[batch[-1]] = None
+    other_shard = dict.fromkeys(task.space.shards(2)[0].index(j) for j in range(5))  # another worker's
+    again = make_search("xgb:late=24", task, shard, 7)
+    again.mark_measured({**measured, **other_shard})
+    again.set_model(model)
+    assert again._measured == first._measured and again.share() == first.share() == 0.15
+    best = min((lat, i) for i, lat in measured.items() if lat is not None)[1]
+    assert best in again.features.indices(again._starts()).tolist()
+    assert not set(again.propose(16)) & (measured.keys() | other_shard.keys())
+    failed = make_search("xgb:late=24", task, shard, 7)
+    failed.mark_measured(dict.fromkeys(measured))  # every one failed: trials spent, and no config to start from
+    assert failed.share() == 0.15 and best not in failed.features.indices(failed._starts()).tolist()
 
 # --- real measurements --------------------------------------------------------------------------
 

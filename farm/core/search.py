@@ -23,7 +23,7 @@ import math
 import random
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -108,9 +108,10 @@ class SearchStrategy(ABC):
             raise TypeError(f"{cls.__name__} got unexpected options {unknown}; its options: {list(cls.OPTIONS)}")
         return {name: options.get(name, option.default) for name, option in cls.OPTIONS.items()}
 
-    def mark_measured(self, indices: Iterable[int]) -> None:
-        """Exclude configs measured elsewhere (another shard's worker, an earlier run)."""
-        self.seen.update(indices)
+    def mark_measured(self, measured: Mapping[int, float | None]) -> None:
+        """Configs measured before this search began (another shard's worker, an earlier run or
+        slice of the task), each with its latency (None: it failed): never proposed."""
+        self.seen.update(measured)
 
     @abstractmethod
     def propose(self, n: int) -> list[int]:
@@ -301,6 +302,16 @@ class XGBSearch(RandomSearch):
         for r in results:
             self.seen.add(r.config_index)
             self._measured[r.config_index] = r.latency if r.latency is not None else math.inf
+
+    def mark_measured(self, measured: Mapping[int, float | None]) -> None:
+        """Also remembered as if observed, where of this shard: a search started again for a task
+        measured before (a model job's next slice of it, once its search was dropped; a job resumed)
+        anchors its chains on the shard's best configs and explores as `late` says, as the search
+        that measured them did."""
+        super().mark_measured(measured)
+        for index, latency in measured.items():
+            if index in self.shard:
+                self._measured[index] = latency if latency is not None else math.inf
 
     def origin(self, index: int) -> str:
         return self._origins.get(index, "random")
