@@ -105,13 +105,13 @@ def phases(trials: Any, claimed: float, ended: float) -> dict[str, dict[str, flo
     timed runs from its first guided measurement to its last (`steady_busy`)."""
     out: dict[str, dict[str, float | None]] = {}
     for worker, group in trials.groupby("worker"):
-        timelines = [t for t in group["timeline"] if t and "measure" in t]
-        if not timelines:
+        measured = [(t, origin) for t, origin in zip(group["timeline"], group["origin"], strict=True)
+                    if t and "measure" in t]
+        if not measured:
             continue
-        guided = [t for t, origin in zip(group["timeline"], group["origin"], strict=True)
-                  if t and "measure" in t and origin != "random"]
-        unguided = [t for t, origin in zip(group["timeline"], group["origin"], strict=True)
-                    if t and "measure" in t and origin == "random"]
+        timelines = [t for t, _ in measured]
+        guided = [t for t, origin in measured if origin != "random"]
+        unguided = [t for t, origin in measured if origin == "random"]
         first_guided = min((t["measure"][0] for t in guided), default=None)
         last = max(t["measure"][1] for t in timelines)
         steady = None

@@ -183,7 +183,6 @@ class RayWorkerPool:
         """One search per worker's shard of `task`, in this pool's search actors (see RaySearches)."""
         import ray
 
-        measured = dict(measured)
         try:
             return RaySearches(self._search_actors, search, task, seed, measured)
         except ray.exceptions.RayActorError as e:  # one died since the last task: start them afresh

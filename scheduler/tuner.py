@@ -218,7 +218,7 @@ class _Tasks:
 
         strategy, options = parse_search(self.search)
         loop = _TaskLoop(self.store, self.writer, job_id, row, task, self.pool, searches, self.batch_size, report,
-                         len(self.store.measured(row["id"])), self.should_stop, guided=strategy.guided,
+                         self.store.trial_count(row["id"]), self.should_stop, guided=strategy.guided,
                          refresh=int(options.get("refresh", 0)))
         status = loop.run(self.stall_seconds)
         return _Ran(status, loop.done, loop.best, loop.exhausted)
