@@ -7,10 +7,9 @@ Timing only, so the trials' latencies are synthetic (a fixed function of the fea
 noise): what is timed (reading the family's trials from SQLite, featurizing them, fitting,
 saving; featurizing and scoring candidates) does not depend on the values. The family has four
 shapes of resnet-last-conv's conv2d on cuda (79 features, the largest space: 10.4 million
-configs); every figure is the median of --repeat runs. The load average is printed: XGBoost uses
-the cores it leaves idle (farm.core.costmodel.idle_cores). With --busy N, N processes spin on
-the CPU while the steps are timed, as a GPU host's build processes do in a wave of builds: the
-load average has not risen yet when they start, so XGBoost still counts the cores idle.
+configs); every figure is the median of --repeat runs. XGBoost runs on
+farm.core.costmodel.XGB_THREADS threads. With --busy N, N processes spin on the CPU while the
+steps are timed, as a GPU host's build processes do in a wave of builds.
 """
 
 from __future__ import annotations
@@ -28,7 +27,7 @@ import numpy as np
 from costmodel_common import machine
 
 from db.store import open_store
-from farm.core.costmodel import idle_cores, training_set
+from farm.core.costmodel import XGB_THREADS, training_set
 from farm.core.features import featurizer
 from farm.core.jobspec import JobRequest
 from farm.core.measure import MeasureResult, Status
@@ -126,7 +125,7 @@ def main() -> None:
     untuned = make_workload("conv2d_nchw", dict(N=1, CI=384, CO=384, H=14, W=14, KH=3, KW=3, pad=1))
     zero_shot, _ = timed(lambda: predict(untuned, parse_target("cuda"), store, top=5), args.repeat)
     print(f"predict top 5 for an untuned shape ({untuned}): {zero_shot:.3f} s")
-    print(f"load average {os.getloadavg()[0]:.1f} at the end; XGBoost threads now: {idle_cores()}")
+    print(f"load average {os.getloadavg()[0]:.1f} at the end; XGBoost threads: {XGB_THREADS}")
     for p in spinners:
         p.kill()
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import struct
 import time
 from collections.abc import Sequence
@@ -31,7 +30,6 @@ import numpy as np
 
 from farm.core.errors import FarmError
 from farm.core.features import featurizer
-from farm.core.host import usable_cores
 from farm.core.measure import MeasureResult
 from farm.core.task import Task
 from farm.core.workloads import workload_from_json
@@ -58,34 +56,15 @@ BOOST_ROUNDS = 160
 PAIR_BUDGET, MIN_PAIRS, MAX_PAIRS = 80_000, 8, 128
 # Fewer rows than this, or a single label value, teach nothing: the model stays as it was.
 MIN_TRAINING_ROWS = 8
-
-
-def idle_cores() -> int:
-    """Threads for XGBoost: the cores the machine leaves idle (1-minute load average), at least 1.
-
-    The scheduler shares its machine with compile processes, and OpenMP threads that wait for a
-    busy core spin: at a load of 6 on 2 cores, training on 10,000 trials took 10.5 s with 2
-    threads and 1.8 s with 1. The load average lags the builds, which come in waves, so XGBoost
-    is imported with its threads set to sleep while they wait (`xgboost_module`).
-    """
-    cores = usable_cores()
-    try:
-        load = os.getloadavg()[0]
-    except OSError:  # no load average on this platform
-        return 1
-    return max(1, cores - int(load))  # whole busy cores only: this process's own work is in the load too
+# XGBoost's threads, in training and prediction. The farm's models are small (10,000 trials train in
+# about a second on one core), and the processes that train and use them (the scheduler, each shard's
+# search) share their host with the build processes: a thread more waits, at every level of every
+# tree, for a core a build holds (docs/defaults.md#xgboost-threads).
+XGB_THREADS = 1
 
 
 def xgboost_module() -> Any:
-    """XGBoost, its OpenMP threads set to sleep while they wait (OMP_WAIT_POLICY=PASSIVE, unless the
-    environment says otherwise), read by its own OpenMP runtime when this first imports it.
-
-    Spinning threads stall where other processes hold the cores: the scheduler's retraining and
-    every shard's search share a GPU host with its build processes, and each sizes its threads
-    by the cores idle a minute ago (`idle_cores`), so a wave of builds finds them all spinning
-    (docs/defaults.md#xgboost-threads).
-    """
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    """XGBoost, imported where first used: a third of a second that `farm submit` need not pay."""
     import xgboost
 
     return xgboost
@@ -112,7 +91,8 @@ class CostModel:
         self.feature_names = list(feature_names)
         self.seed = seed
         self._layout: dict[tuple[str, ...], np.ndarray] = {}
-        self._threads = 0  # the booster's nthread, 0 until set
+        if booster is not None:
+            booster.set_param({"nthread": XGB_THREADS})
 
     @property
     def trained(self) -> bool:
@@ -130,12 +110,11 @@ class CostModel:
             return self
         order = np.argsort(groups, kind="stable")  # XGBoost wants each query's rows together
         data = xgb.DMatrix(features[order], label=labels[order], qid=groups[order],
-                           feature_names=list(feature_names))
-        params = {**XGB_PARAMS, "seed": self.seed, "nthread": idle_cores()}
+                           feature_names=list(feature_names), nthread=XGB_THREADS)
+        params = {**XGB_PARAMS, "seed": self.seed, "nthread": XGB_THREADS}
         if params["objective"].startswith("rank:"):
             params["lambdarank_num_pair_per_sample"] = int(np.clip(PAIR_BUDGET // len(labels), MIN_PAIRS, MAX_PAIRS))
         self.booster = xgb.train(params, data, num_boost_round=BOOST_ROUNDS)
-        self._threads = params["nthread"]
         self.feature_names = list(feature_names)
         self._layout.clear()
         return self
@@ -148,10 +127,6 @@ class CostModel:
         """
         if self.booster is None:
             return np.zeros(len(features), dtype=np.float32)
-        threads = idle_cores()
-        if threads != self._threads:
-            self.booster.set_param({"nthread": threads})
-            self._threads = threads
         layout = self._columns(tuple(feature_names))
         aligned = np.full((len(features), len(self.feature_names)), np.nan, dtype=np.float32)
         present = layout >= 0
