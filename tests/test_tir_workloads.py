@@ -225,6 +225,50 @@ def test_union_of_spaces() -> None:
         space.index({"sketch": 0, "a": 7})
 
 
+def test_kernels_of_plain_types_get_the_targets_sketches_without_tensor_intrinsics(
+        kernels: dict[str, Path]) -> None:
+    """A kernel of 32- and 64-bit types gets its target kind's plain rules: a fresh process makes
+    its space without importing TVM's tensor intrinsics (seconds), and the sketches and
+    postprocessors that matter are those of the target's own rules (on sm_90 the tensor-core ones).
+    An 8-bit kernel keeps the target's own."""
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    from farm.core.templates.design_space import plain_rules
+    from farm.core.tvm_import import import_tensor_intrinsics
+
+    cuda = parse_target("cuda")
+    code = (f"import sys; from farm.core.task import Task; from farm.core.targets import parse_target; "
+            f"from farm.core.tir import tir_from_file\n"
+            f"for name in ({str(kernels['matmul_bias_relu'])!r}, {str(kernels['softmax'])!r}):\n"
+            f"    for kind in ('cuda', 'llvm'):\n"
+            f"        assert Task(tir_from_file(name), parse_target(kind), 'ms.' + kind).space.size > 1\n"
+            f"print(sorted(m for m in sys.modules if m.startswith('tvm.s_tir.tensor_intrin')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300)
+    assert out.stdout.split() == ["[]"]
+
+    import_tensor_intrinsics()  # the target's own rules need them
+
+    def sketches(func: object, target: object, rules: str) -> tuple[list[str], list[str]]:
+        context = ms.TuneContext(mod=tvm.IRModule({"main": func}), target=target, task_name="t", num_threads=1,
+                                 rand_state=1, space_generator=ms.space_generator.PostOrderApply(
+                                     sch_rules=rules, postprocs=rules, mutator_probs=rules))
+        return ([str(s.trace) for s in context.generate_design_space()],
+                [type(p).__name__ for p in context.space_generator.postprocs])
+
+    for name in ("matmul_bias_relu", "softmax"):
+        func = tir_from_file(str(kernels[name])).prim_func()
+        for spec in (cuda, LLVM):
+            rules = plain_rules(func, spec)
+            assert rules == spec.kind
+            plain, own = sketches(func, spec.tvm(), rules), sketches(func, spec.tvm(), "from-target")
+            assert plain[0] == own[0]
+            # The target's own postprocessors on sm_90 add RewriteTensorize, a no-op without tensor cores.
+            assert [p for p in own[1] if p != "RewriteTensorize"] == plain[1]
+    assert plain_rules(tir_from_file(str(kernels["mask_rows"])).prim_func(), cuda) is None
+    assert plain_rules(func, parse_target({"kind": "llvm", "mcpu": "skylake-avx512"})) is None
+
+
 def test_gpu_shared_memory_fit_matches_the_lowered_kernels(matmul: TirWorkload) -> None:
     """On cuda (built, not run): each sketch's fitted shared memory equals what lowering allocates."""
     from farm.core.templates.design_space import design_space

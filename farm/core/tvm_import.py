@@ -17,10 +17,18 @@ process runs (farm.Client): there TVM is imported as the user's environment has 
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
 import sys
+import threading
+from collections.abc import Iterator
 from types import ModuleType
+
+_INTRINSICS = "tvm.s_tir.tensor_intrin"
+# Held while the tensor intrinsics are imported, and while a placeholder stands in for them
+# (`without_tensor_intrinsics`): no thread imports them meanwhile and gets the placeholder.
+_INTRINSICS_LOCK = threading.RLock()
 
 
 def import_tvm() -> ModuleType:
@@ -50,12 +58,35 @@ def import_tensor_intrinsics() -> ModuleType:
     first (under their own modules, where their frames' code is from) it took 5.9-7.0 s, most of
     it TVMScript's parsing.
     """
-    if "tvm.s_tir.tensor_intrin.cuda" not in sys.modules:
-        import_tvm()
-        for name in ("importlib._bootstrap", "importlib._bootstrap_external"):
-            module = sys.modules[name]
-            some_function = next(v for v in vars(module).values() if inspect.isfunction(v))
-            # The key getmodule computes for a frame of this module (its pseudo-file made absolute
-            # against the current directory, which stays as it is for the import below).
-            inspect.modulesbyfile.setdefault(inspect.getabsfile(some_function), name)
-    return importlib.import_module("tvm.s_tir.tensor_intrin.cuda")
+    with _INTRINSICS_LOCK:
+        if f"{_INTRINSICS}.cuda" not in sys.modules:
+            import_tvm()
+            for name in ("importlib._bootstrap", "importlib._bootstrap_external"):
+                module = sys.modules[name]
+                some_function = next(v for v in vars(module).values() if inspect.isfunction(v))
+                # The key getmodule computes for a frame of this module (its pseudo-file made absolute
+                # against the current directory, which stays as it is for the import below).
+                inspect.modulesbyfile.setdefault(inspect.getabsfile(some_function), name)
+        return importlib.import_module(f"{_INTRINSICS}.cuda")
+
+
+@contextlib.contextmanager
+def without_tensor_intrinsics() -> Iterator[None]:
+    """Within this block, `import tvm.s_tir.tensor_intrin` imports nothing, unless the intrinsics
+    were imported before (then it is theirs, as usual).
+
+    MetaSchedule's TuneContext imports all of TVM's tensor intrinsics when it is made, whatever its
+    rules use: seconds of TVMScript parsing (`import_tensor_intrinsics`) in every process that
+    makes one. A design space whose rules use none (farm.core.templates.design_space) makes its
+    context here. An empty module stands in for the package meanwhile, and is removed after.
+    """
+    with _INTRINSICS_LOCK:
+        if _INTRINSICS in sys.modules:
+            yield
+            return
+        placeholder = sys.modules[_INTRINSICS] = ModuleType(_INTRINSICS)
+        try:
+            yield
+        finally:
+            if sys.modules.get(_INTRINSICS) is placeholder:
+                del sys.modules[_INTRINSICS]

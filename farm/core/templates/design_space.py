@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import math
 import random
+import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -46,6 +47,29 @@ FIT_PROBES = 12
 # Checks remembered per design space (a few MB), so that a search asking again pays nothing.
 MAX_VERDICTS = 100_000
 SAMPLING = ("SamplePerfectTile", "SamplePartitionedTile", "SampleCategorical", "SampleComputeLocation")
+# Buffer types no tensor intrinsic of TVM's takes (its tensor cores' and VNNI's take 8- and 16-bit
+# types): a kernel of these alone gets its target kind's plain rules (`plain_rules`).
+PLAIN_DTYPES = frozenset({"float32", "float64", "int32", "int64", "uint32", "uint64", "bool"})
+# A type's name in TVMScript: "float16" in a buffer or cast, T.int64(...) for a constant.
+_DTYPE = re.compile(r"\b(bool|u?int\d+|b?float\d+\w*)\b")
+
+
+def plain_rules(prim_func: Any, target: TargetSpec) -> str | None:
+    """The rule set MetaSchedule's `PostOrderApply` takes for `prim_func` ("cuda" or "llvm"), where
+    it needs no tensor intrinsic and makes the same sketches as the target's own rules; None where
+    only the target's own will do: a type that tensor intrinsics take anywhere in the kernel (its
+    buffers, casts, constants), or an llvm target that names its CPU or its features (whose own
+    rules may be another set).
+
+    The target's own rules for an sm_70+ GPU ("cuda-tensorcore") are the plain ones plus tensor-core
+    tiling and its postprocessor, which need TVM's tensor intrinsics imported: seconds in each
+    process that makes the space (a job's scheduler, search actors and build processes), for
+    kernels whose types no tensor core takes (tests/test_design_space.py checks the sketches agree).
+    """
+    if target.kind not in ("cuda", "llvm") or (target.kind == "llvm" and {"mcpu", "mattr"} & set(target.doc)):
+        return None
+    dtypes = set(_DTYPE.findall(prim_func.script()))
+    return target.kind if dtypes <= PLAIN_DTYPES else None
 
 
 @dataclass(frozen=True)
@@ -81,23 +105,29 @@ class _Slot:
 
 class DesignSpace:
     """The sketches and postprocessors of one TIR workload on one target, and the union space of
-    their decisions (see the module docstring). Building one imports TVM's tensor intrinsics (a few
-    seconds, once per process); replaying is milliseconds. Thread-safe: replays are serialized."""
+    their decisions (see the module docstring). Building one for a kernel of 8- or 16-bit types
+    imports TVM's tensor intrinsics (seconds, once per process; `plain_rules`); replaying is
+    milliseconds. Thread-safe: replays are serialized."""
 
     def __init__(self, workload: Workload, target: TargetSpec) -> None:
         import tvm
         from tvm.s_tir import meta_schedule as ms
 
-        from farm.core.tvm_import import import_tensor_intrinsics
+        from farm.core.tvm_import import import_tensor_intrinsics, without_tensor_intrinsics
 
-        import_tensor_intrinsics()
         self.mod = tvm.IRModule({"main": workload.prim_func()})
-        self._context = ms.TuneContext(mod=self.mod, target=target.tvm(),
-                                       space_generator=ms.space_generator.PostOrderApply(),
-                                       task_name=str(workload), num_threads=1,
-                                       # The sketches' own decisions, which the space's structure
-                                       # follows: the same in every process.
-                                       rand_state=DESIGN_SEED)
+        rules = plain_rules(self.mod["main"], target)
+        if rules is None:
+            import_tensor_intrinsics()
+        with without_tensor_intrinsics():
+            self._context = ms.TuneContext(mod=self.mod, target=target.tvm(),
+                                           space_generator=ms.space_generator.PostOrderApply(
+                                               sch_rules=rules or "from-target", postprocs=rules or "from-target",
+                                               mutator_probs=rules or "from-target"),
+                                           task_name=str(workload), num_threads=1,
+                                           # The sketches' own decisions, which the space's structure
+                                           # follows: the same in every process.
+                                           rand_state=DESIGN_SEED)
         try:
             sketches = list(self._context.generate_design_space())
         except Exception as e:  # TVM's errors for a function its rules cannot schedule
