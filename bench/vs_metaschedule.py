@@ -48,11 +48,10 @@ from farm.core.workloads import Workload
 from farm.report import Curve, best_so_far, plot_curves
 from workers.worker import BUILD_TIMEOUT_S
 
-# Final timing of the two best kernels: TVM time_evaluator, `repeat` means of >= MIN_MS each.
-# Each kernel's final figure: FINAL_ROUNDS repeats of FINAL_NUMBER back-to-back calls (at least
-# FINAL_MIN_MS each), one repeat per kernel in turn. Kernels of 3 to 5 µs flip between two speeds for
-# seconds at a time (a layer norm's repeats at 3.3 and 4.5 µs, docs/benchmarks/tir-2026-11-28d.md):
-# alternating every repeat puts both kernels in both states alike.
+# Final timing of the two best kernels by TVM's time_evaluator: FINAL_ROUNDS repeats of FINAL_NUMBER
+# back-to-back calls (at least FINAL_MIN_MS each), one repeat per kernel in turn. Kernels of 3 to 5 µs
+# flip between two speeds for seconds at a time (a layer norm's repeats at 3.3 and 4.5 µs,
+# docs/benchmarks/tir-2026-11-28d.md): alternating every repeat puts both kernels in both states alike.
 FINAL_NUMBER, FINAL_ROUNDS, FINAL_MIN_MS = 20, 30, 100
 # More failed candidates than this share of the trials and the comparison is flagged: on a 2-GPU host
 # shared with another tuning job, 504 of MetaSchedule's 512 builds hit its LocalBuilder's 30 s

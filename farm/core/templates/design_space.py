@@ -47,7 +47,7 @@ FIT_PROBES = 12
 # Checks remembered per design space (a few MB), so that a search asking again pays nothing.
 MAX_VERDICTS = 100_000
 SAMPLING = ("SamplePerfectTile", "SamplePartitionedTile", "SampleCategorical", "SampleComputeLocation")
-# Buffer types no tensor intrinsic of TVM's takes (its tensor cores' and VNNI's take 8- and 16-bit
+# Types no tensor intrinsic of TVM's takes (its tensor cores' and VNNI's take 8- and 16-bit
 # types): a kernel of these alone gets its target kind's plain rules (`plain_rules`).
 PLAIN_DTYPES = frozenset({"float32", "float64", "int32", "int64", "uint32", "uint64", "bool"})
 # A type's name in TVMScript: "float16" in a buffer or cast, T.int64(...) for a constant.
@@ -64,7 +64,7 @@ def plain_rules(prim_func: Any, target: TargetSpec) -> str | None:
     The target's own rules for an sm_70+ GPU ("cuda-tensorcore") are the plain ones plus tensor-core
     tiling and its postprocessor, which need TVM's tensor intrinsics imported: seconds in each
     process that makes the space (a job's scheduler, search actors and build processes), for
-    kernels whose types no tensor core takes (tests/test_design_space.py checks the sketches agree).
+    kernels whose types no tensor core takes (tests/test_tir_workloads.py checks the sketches agree).
     """
     if target.kind not in ("cuda", "llvm") or (target.kind == "llvm" and {"mcpu", "mattr"} & set(target.doc)):
         return None
@@ -116,14 +116,13 @@ class DesignSpace:
         from farm.core.tvm_import import import_tensor_intrinsics, without_tensor_intrinsics
 
         self.mod = tvm.IRModule({"main": workload.prim_func()})
-        rules = plain_rules(self.mod["main"], target)
-        if rules is None:
+        rules = plain_rules(self.mod["main"], target) or "from-target"
+        if rules == "from-target":
             import_tensor_intrinsics()
         with without_tensor_intrinsics():
             self._context = ms.TuneContext(mod=self.mod, target=target.tvm(),
                                            space_generator=ms.space_generator.PostOrderApply(
-                                               sch_rules=rules or "from-target", postprocs=rules or "from-target",
-                                               mutator_probs=rules or "from-target"),
+                                               sch_rules=rules, postprocs=rules, mutator_probs=rules),
                                            task_name=str(workload), num_threads=1,
                                            # The sketches' own decisions, which the space's structure
                                            # follows: the same in every process.
