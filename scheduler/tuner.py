@@ -79,6 +79,7 @@ from farm.core.measure import MeasureResult, Status
 from farm.core.search import parse_search
 from farm.core.task import Task
 from farm.core.workloads import workload_label
+from scheduler.daemon_executor import DaemonExecutor
 from scheduler.pool import QUEUE_DEPTH, Lead, WorkerPool
 from scheduler.retrain import Retrained, refreshed, retrain, starting_model
 from scheduler.shards import Proposal, ShardSearches
@@ -396,7 +397,7 @@ class _TaskLoop:
         self.no_worker_since: float | None = None  # since when no worker could take work
         self.cancelled = self._stopped()
         self.stop_by = time.monotonic()  # once cancelled: how long its chunks in flight are waited for
-        self._trainer = cf.ThreadPoolExecutor(1, thread_name_prefix="farm-retrain")
+        self._trainer = DaemonExecutor("farm-retrain")  # a stopped process does not wait for it
         # Unguided configs of the round still to hand out before the wait for a model, 0 while it is
         # waited for; None: no wait (a search that needs no model, or a model there already). Each
         # worker's bridge (module docstring): the unguided configs it may still get while it waits.
@@ -465,7 +466,8 @@ class _TaskLoop:
                     self._refresh()
                 self._queue_metrics()
         finally:
-            # A stopped task does not wait for a retraining under way: its model is saved all the same.
+            # A stopped task does not wait for a retraining under way: its model is saved if the
+            # process lives on (a service), and an exiting process does not wait for it either.
             self._trainer.shutdown(wait=not self.cancelled, cancel_futures=True)
         if self.refresh:
             log.info("task %s: cost model refreshed %d times between rounds", self.task_id, self.refreshes)
