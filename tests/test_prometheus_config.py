@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 import re
+import time
 from collections.abc import Callable
 
 import pytest
@@ -102,10 +103,26 @@ def test_a_finished_job_leaves_no_series() -> None:
     metrics.observe_retrain(5, 1, 0.1, 0.5)
     metrics.set_task_progress(6, 2, 1, 64)
     assert b'job_id="5"' in generate_latest(REGISTRY)
-    metrics.clear_job(5)
+    metrics.clear_job(5, after=0)
     text = generate_latest(REGISTRY)
     assert b'job_id="5"' not in text and b'job_id="6"' in text
-    metrics.clear_job(6)
+    metrics.clear_job(6, after=0)
+
+
+def test_a_finished_jobs_series_outlive_it_briefly_unless_it_runs_again() -> None:
+    """Kept for the scrapes after the job's end (its last figures reach Prometheus), then removed;
+    a job claimed again meanwhile keeps them."""
+    metrics.set_model_latency(8, 0.002)
+    metrics.set_task_progress(9, 3, 4, 64)
+    metrics.clear_job(8, after=0.3)
+    metrics.clear_job(9, after=0.3)
+    metrics.set_task_progress(9, 3, 5, 64)  # job 9 given back and running again
+    text = generate_latest(REGISTRY)
+    assert b'job_id="8"' in text and b'job_id="9"' in text
+    time.sleep(0.8)
+    text = generate_latest(REGISTRY)
+    assert b'job_id="8"' not in text and b'job_id="9"' in text
+    metrics.clear_job(9, after=0)
 
 
 def test_bad_label_values_are_refused() -> None:

@@ -18,7 +18,8 @@ counters, no unbounded label values. Label bounds:
   `device`: that worker's RPC key, one per worker.
 - `job_id`, `task_id`, `workload`: only on per-task series of jobs that are running on this
   scheduler (at most `max_jobs` at once, a job has a fixed set of tasks); the
-  scheduler calls `clear_job` when a job ends, which removes every series of that job.
+  scheduler calls `clear_job` when a job ends, which removes every series of that job
+  JOB_SERIES_LINGER_SECONDS later.
   (`job_id`, not `job`: Prometheus attaches its own `job` label, the scrape job, and would
   rename ours to `exported_job`.)
 
@@ -31,6 +32,7 @@ process and Python collectors.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -138,6 +140,12 @@ DB_WRITE_FAILURES = Counter(
     "ResultWriter.")
 
 _PER_JOB = (TASK_BEST_LATENCY, TASK_BEST_FLOPS, TASK_TRIALS, TASK_BUDGET, RANK_CORRELATION, MODEL_LATENCY)
+# How long a job's series outlive it: two scrapes at the deployment's 15 s interval, so that its
+# last figures reach Prometheus (a short model job's estimated latency is first known at its last
+# slice, moments before it ends).
+JOB_SERIES_LINGER_SECONDS = 30.0
+_LINGERING: dict[str, threading.Timer] = {}  # job id -> its series' pending removal
+_LINGER_LOCK = threading.Lock()
 
 
 def serve(port: int, host: str = "127.0.0.1") -> int:
@@ -232,6 +240,7 @@ def set_task_best(job_id: int, task_id: int, workload: str, latency_s: float, gf
     `workload` is a short fixed name of the task's workload (one per task, so it adds no series).
     Stored in base units: the throughput series is in FLOP/s.
     """
+    _running(str(job_id))
     TASK_BEST_LATENCY.labels(str(job_id), str(task_id), workload).set(latency_s)
     TASK_BEST_FLOPS.labels(str(job_id), str(task_id), workload).set(gflops * 1e9)
 
@@ -239,12 +248,14 @@ def set_task_best(job_id: int, task_id: int, workload: str, latency_s: float, gf
 def set_task_progress(job_id: int, task_id: int, done: int, budget: int) -> None:
     """Scheduler: trials of a running job's task measured so far and its budget (every task of the
     job when it starts, then the running task after each batch)."""
+    _running(str(job_id))
     TASK_TRIALS.labels(str(job_id), str(task_id)).set(done)
     TASK_BUDGET.labels(str(job_id), str(task_id)).set(budget)
 
 
 def set_model_latency(job_id: int, latency_s: float) -> None:
     """Scheduler, after each slice of a model job: its estimated latency (farm.core.allocation.model_latency)."""
+    _running(str(job_id))
     MODEL_LATENCY.labels(str(job_id)).set(latency_s)
 
 
@@ -258,13 +269,42 @@ def observe_retrain(job_id: int, task_id: int, seconds: float, rank_corr: float 
     model that guided the round (None: no trained model guided it, the gauge keeps its value)."""
     RETRAIN_SECONDS.observe(seconds)
     if rank_corr is not None:
+        _running(str(job_id))
         RANK_CORRELATION.labels(str(job_id), str(task_id)).set(rank_corr)
 
 
-def clear_job(job_id: int) -> None:
-    """Scheduler, when a job ends (done, failed or cancelled): remove every series of the job."""
-    for gauge in _PER_JOB:
-        gauge.remove_by_labels({"job_id": str(job_id)})
+def clear_job(job_id: int, after: float = JOB_SERIES_LINGER_SECONDS) -> None:
+    """Scheduler, when a job ends (done, failed or cancelled): remove every series of the job
+    `after` seconds from now (in a daemon timer; 0: at once), unless the job runs again meanwhile
+    (a job given back and claimed again: any helper that sets one of its series keeps them)."""
+    key = str(job_id)
+    if after <= 0:
+        _remove_job(key, None)
+        return
+    timer = threading.Timer(after, lambda: _remove_job(key, timer))
+    timer.daemon = True
+    with _LINGER_LOCK:
+        _LINGERING[key] = timer
+    timer.start()
+
+
+def _running(key: str) -> None:
+    """Job `key` has a series set: a removal pending for it is called off."""
+    if _LINGERING:  # empty but for the seconds after a job's end
+        with _LINGER_LOCK:
+            if (timer := _LINGERING.pop(key, None)) is not None:
+                timer.cancel()
+
+
+def _remove_job(key: str, timer: threading.Timer | None) -> None:
+    """Remove job `key`'s series: at once (`timer` None), or as `timer`'s removal if it is still
+    the one pending for the job (not called off by `_running`, nor replaced by a later end)."""
+    with _LINGER_LOCK:
+        if timer is not None and _LINGERING.get(key) is not timer:
+            return
+        _LINGERING.pop(key, None)
+        for gauge in _PER_JOB:
+            gauge.remove_by_labels({"job_id": key})
 
 
 def heartbeat() -> None:
