@@ -86,7 +86,8 @@ class Hosts:
 
     def remove(self) -> None:
         """Kill what runs in the namespaces (SIGTERM, then SIGKILL 3 s later: a GPU host's `ray start
-        --block` cut off from its head outlives SIGTERM by more than 10 s), then delete them."""
+        --block` drains its node on SIGTERM for longer than 10 s, deploy/cluster.py's RAY_DRAIN_SECONDS,
+        cut off from its head or not), then delete them."""
         for ns in [*self.gpu.values(), self.head]:
             for sig in ("-TERM", "-KILL"):
                 pids = run(["ip", "netns", "pids", ns], check=False).stdout.split()
