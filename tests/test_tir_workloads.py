@@ -395,8 +395,10 @@ def test_a_missing_file_is_one_line(tmp_path: Path) -> None:
 
 
 def _relax_kernels() -> dict[str, TirWorkload]:
-    """A fused conv2d + bias + ReLU, a strided conv2d alone and a matmul + bias + GELU as Relax's
-    pipeline makes them (LegalizeOps, FuseOps, FuseTIR; MetaSchedule's extract_tasks)."""
+    """A fused conv2d + bias + ReLU, a strided conv2d alone, a matmul + bias + GELU, a depthwise
+    convolution (two outputs per channel) + scale + shift + ReLU, a grouped convolution + ReLU, a max
+    pooling, an average pooling that leaves the padding out of its count and a max pooling in ceil mode
+    as Relax's pipeline makes them (LegalizeOps, FuseOps, FuseTIR; MetaSchedule's extract_tasks)."""
     import tvm
     from tvm import relax
     from tvm.s_tir import meta_schedule as ms
@@ -409,12 +411,19 @@ def _relax_kernels() -> dict[str, TirWorkload]:
     bb = relax.BlockBuilder()
     x, w, b = tensor("x", 1, 8, 10, 10), tensor("w", 16, 8, 3, 3), tensor("b", 1, 16, 1, 1)
     w2, a, m, bias = tensor("w2", 8, 8, 3, 3), tensor("a", 16, 32), tensor("m", 32, 24), tensor("bias", 24)
-    with bb.function("main", [x, w, b, w2, a, m, bias]):
+    dw, scale, grouped = tensor("dw", 16, 1, 3, 3), tensor("scale", 1, 16, 1, 1), tensor("grouped", 8, 4, 3, 3)
+    with bb.function("main", [x, w, b, w2, a, m, bias, dw, scale, grouped]):
         with bb.dataflow():
-            conv = bb.emit(relax.op.nn.relu(relax.op.add(relax.op.nn.conv2d(x, w, padding=1), b)))
-            strided = bb.emit(relax.op.nn.conv2d(x, w2, strides=2, padding=1))
-            dense = bb.emit(relax.op.nn.gelu(relax.op.add(relax.op.matmul(a, m), bias)))
-            out = bb.emit_output(relax.Tuple([conv, strided, dense]))
+            nn = relax.op.nn
+            conv = bb.emit(nn.relu(relax.op.add(nn.conv2d(x, w, padding=1), b)))
+            strided = bb.emit(nn.conv2d(x, w2, strides=2, padding=1))
+            dense = bb.emit(nn.gelu(relax.op.add(relax.op.matmul(a, m), bias)))
+            depthwise = bb.emit(nn.relu(relax.op.add(relax.op.multiply(nn.conv2d(x, dw, padding=1, groups=8), scale),
+                                                     scale)))
+            group = bb.emit(nn.relu(nn.conv2d(x, grouped, strides=2, padding=1, groups=2)))
+            pools = [bb.emit(nn.max_pool2d(x, 3, 2, 1)), bb.emit(nn.avg_pool2d(x, 3, 2, 1, count_include_pad=False)),
+                     bb.emit(nn.max_pool2d(x, 3, 2, 0, ceil_mode=True))]
+            out = bb.emit_output(relax.Tuple([conv, strided, dense, depthwise, group, *pools]))
         bb.emit_func_output(out)
     passes = [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(), relax.transform.FoldConstant(),
               relax.transform.FuseOps(), relax.transform.FuseTIR()]
@@ -444,6 +453,18 @@ def test_fused_kernels_are_recognised_as_the_farm_operators_they_compute(
                            else next(w for n, w in relax_kernels.items() if "matmul" in n))
     assert dense is not None and dense.name == "matmul" and dense.p["M"] == 16 and dense.p["N"] == 24
     assert match_operator(tir_from_file(str(kernels["softmax"]))) is None  # a softmax is none of them
+    found = {name: match_operator(w) for name, w in relax_kernels.items()}
+    depthwise = next(f for f in found.values() if f is not None and f.name == "depthwise_conv2d_nchw")
+    assert depthwise.p == {"N": 1, "C": 8, "H": 10, "W": 10, "KH": 3, "KW": 3, "stride": 1, "pad": 1, "multiplier": 2,
+                           "dtype": "float32"}
+    assert depthwise.unit_reduction and len(depthwise.inline) == 2 and depthwise.stage("epilogue") is not None
+    group = next(f for f in found.values() if f is not None and f.name == "group_conv2d_nchw")
+    assert group.p == {"N": 1, "CI": 8, "H": 10, "W": 10, "CO": 8, "KH": 3, "KW": 3, "groups": 2, "stride": 2,
+                       "pad": 1, "dtype": "float32"}
+    pools = sorted((f.p["kind"], f.p["pad"], f.stage("epilogue") is not None) for f in found.values()
+                   if f is not None and f.name == "pool2d")
+    assert pools == [("avg", 1, True), ("max", 1, False)]  # the ceil mode's output is not pool2d's
+    assert sum(f is None for f in found.values()) == 1
 
 
 def test_hand_templates_schedule_fused_kernels_correctly(relax_kernels: dict[str, TirWorkload]) -> None:
@@ -456,8 +477,16 @@ def test_hand_templates_schedule_fused_kernels_correctly(relax_kernels: dict[str
     from farm.core.templates.verify import verify_gpu
     from workers.compiler import BuildResult, compile_into
 
+    from farm.core.fused import match_operator
+    from farm.export import _replays as replays
+
     cuda = parse_target("cuda")
+    gpu_templates = {"conv2d_nchw": "cuda.tiled", "group_conv2d_nchw": "cuda.tiled", "matmul": "cuda.tiled",
+                     "depthwise_conv2d_nchw": "cuda.depthwise", "pool2d": "cuda.pool"}
     for workload in relax_kernels.values():
+        operator = match_operator(workload)
+        if operator is None:  # the ceil-mode max pooling
+            continue
         task = Task(workload, LLVM)
         assert task.template.name == "llvm.tiled" and task.scheduled_as.source == workload
         inputs = workload.random_inputs()
@@ -471,8 +500,10 @@ def test_hand_templates_schedule_fused_kernels_correctly(relax_kernels: dict[str
             lib["main"](*[tvm.runtime.tensor(x) for x in inputs], out)
             error = np.linalg.norm(out.numpy() - expected) / np.linalg.norm(expected)
             assert error <= workload.tolerance(), f"{workload} {config.dumps()}: {error:.2e}"
+            # MetaSchedule's replay of the trace on the kernel as given makes the same module (export).
+            assert replays(task, task.schedule(config))
         gpu = Task(workload, cuda)
-        assert gpu.template.name == "cuda.tiled"
+        assert gpu.template.name == gpu_templates[operator.name]
         config = next(c for c in (gpu.space.get(rng.randrange(gpu.space.size)) for _ in range(5000))
                       if gpu.check(c) is None)
         sch = gpu.schedule(config)

@@ -1,10 +1,19 @@
 """A TIR kernel whose main computation is one of the farm's operators, with elementwise stages
-around it: a model's fused ``conv2d + bias + relu`` or ``matmul + bias + gelu``.
+around it: a model's fused ``conv2d + bias + relu``, ``matmul + bias + gelu`` or depthwise
+convolution + batch norm + relu.
 
 `match_operator` reads a TIR workload's blocks: one reduction (the main computation), before it at
-most a padding block, after it only elementwise blocks. If the reduction is a matmul
-(``C[i, j] += A[i, k] * B[k, j]``) or an NCHW convolution (``O[n, f, y, x] += P[n, c, y*s + r*d,
-x*s + q*d] * W[f, c, r, q]`` over the padding block's output), it returns a `FusedOperator`: the
+most a padding block, after it only elementwise blocks. If the reduction is one of
+
+- a matmul, ``C[i, j] += A[i, k] * B[k, j]``;
+- an NCHW convolution, ``O[n, f, y, x] += P[n, c, y*s + r*d, x*s + q*d] * W[f, c, r, q]``;
+- a grouped one, ``O[n, f, y, x] += P[n, f // (CO/G) * (CI/G) + c, y*s + r, x*s + q] * W[f, c, r, q]``,
+  which is a depthwise convolution where each group has one input channel (TOPI writes PyTorch's
+  ``groups=C`` convolutions so, with a reduction loop of extent 1);
+- a max or sum pooling, ``O[n, c, y, x] = max/sum P[n, c, y*s + r, x*s + q]`` (the average's division
+  is the elementwise stage after it),
+
+where ``P`` is a kernel input or the padding block's output of one, it returns a `FusedOperator`: the
 named workload of that computation (its parameters from the buffers and indices), tied to the TIR
 kernel. The farm's hand templates then schedule the kernel itself (`new_schedule` starts from the
 kernel's own function, its elementwise blocks inlined into the last one, the ``epilogue`` they fold
@@ -34,6 +43,10 @@ class FusedOperator(Workload):
     source: TirWorkload | None = field(default=None, kw_only=True)
     stages: tuple[tuple[str, str], ...] = field(default=(), kw_only=True)
     inline: tuple[str, ...] = field(default=(), kw_only=True)
+    # The compute block's first reduction loop has extent 1 where the named workload has no such
+    # loop (a depthwise convolution written as a grouped one): fused into the next, so that the
+    # templates find the loops of the workload they schedule.
+    unit_reduction: bool = field(default=False, kw_only=True)
 
     def stage(self, role: str) -> str | None:
         return dict(self.stages).get(role)
@@ -47,6 +60,10 @@ class FusedOperator(Workload):
         trace replays them on the kernel as given)."""
         for name in self.inline:
             sch.compute_inline(sch.get_sblock(name))
+        if self.unit_reduction:
+            loops = sch.get_loops(sch.get_sblock(self.stage("compute")))
+            first = len(self.output_shape())
+            sch.fuse(loops[first], loops[first + 1])
 
     def __str__(self) -> str:
         return f"{self.source} as {super().__str__()}"
@@ -71,29 +88,34 @@ def match_operator(tir: TirWorkload) -> FusedOperator | None:
     if len(before) > 1:
         return None
     params = {p.name: p for p in tir.prim_func().params}
+    output = (after[-1] if after else blocks[main]).writes[0].source
+    if output.name != list(params)[-1]:
+        return None
     try:
-        if before:
-            found = _conv2d(blocks[main], before[0], params)
-        else:
-            found = _matmul(blocks[main], params)
+        found = _matmul(blocks[main], params) if not before else None
+        if found is None:
+            found = _windowed(blocks[main], before[0] if before else None, params)
     except (FarmError, ValueError, KeyError, TypeError, AttributeError):  # not of the shape matched
         return None
     if found is None:
         return None
     name, values = found
+    try:
+        operator = make_workload(name, values)
+    except FarmError:
+        return None
+    if operator.output_shape() != tuple(int(d) for d in output.shape):  # e.g. a pooling's ceil mode
+        return None
+    if name == "pool2d" and values["kind"] == "avg" and not after:  # a sum: no average's division
+        return None
     stages = [("compute", blocks[main].name_hint)]
     if before:
         stages.append(("pad", before[0].name_hint))
     if after:
         stages.append(("epilogue", after[-1].name_hint))
-    if (after[-1].writes[0].source.name if after else blocks[main].writes[0].source.name) != list(params)[-1]:
-        return None
-    try:
-        operator = make_workload(name, values)
-    except FarmError:
-        return None
+    unit = name == "depthwise_conv2d_nchw"  # matched from a grouped convolution's loops
     return FusedOperator(operator.name, operator.params, source=tir, stages=tuple(stages),
-                         inline=tuple(b.name_hint for b in after[:-1]))
+                         inline=tuple(b.name_hint for b in after[:-1]), unit_reduction=unit)
 
 
 def _affine(expr: Any) -> dict[str, int] | None:
@@ -145,33 +167,83 @@ def _matmul(block: Any, params: dict[str, Any]) -> tuple[str, dict[str, Any]] | 
     return "matmul", {"M": m, "N": n, "K": kk, "dtype": _dtype(a_buf)}
 
 
-def _conv2d(block: Any, pad: Any, params: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
-    """("conv2d_nchw", params) if `pad` pads an input of the kernel and `block` convolves it with a
-    kernel input: O[n, f, y, x] += P[n, c, y*s + r*d, x*s + q*d] * W[f, c, r, q]."""
-    iters = [(v.var.name, int(v.dom.extent), int(v.iter_type)) for v in block.iter_vars]
-    if [t for _, _, t in iters] != [0, 0, 0, 0, 2, 2, 2]:
+def _windowed(block: Any, pad: Any | None, params: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
+    """The convolution or pooling `block` computes (the module's doc) over a kernel input `data`,
+    padded by the block `pad` if there is one: (workload name, params), or None."""
+    from tvm import tirx
+
+    iters = [(v.var, int(v.dom.extent), int(v.iter_type)) for v in block.iter_vars]
+    kinds = [t for _, _, t in iters]
+    if kinds not in ([0, 0, 0, 0, 2, 2], [0, 0, 0, 0, 2, 2, 2]):
         return None
-    (n, _, _), (f, co, _), (y, _, _), (x, _, _), (c, ci, _), (r, kh, _), (q, kw, _) = iters
-    padded = pad.writes[0].source
+    (n, _, _), (f, co, _), (y, _, _), (x, _, _) = iters[:4]
+    (r, kh, _), (q, kw, _) = iters[-2:]
     reads = {name: (index, buffer) for name, index, buffer in _accesses(block)}
-    if padded.name not in reads or len(pad.reads) != 1 or pad.reads[0].source.name not in params:
-        return None
-    data = params[pad.reads[0].source.name]
-    index, _ = reads.pop(padded.name)
     reads.pop(block.writes[0].source.name, None)
-    if len(reads) != 1:
+    if pad is not None:  # the block reads the padded input, which `pad` makes from a kernel input
+        read, data = pad.writes[0].source.name, params.get(pad.reads[0].source.name)
+    else:  # the block reads a kernel input, the one indexed by the batch axis first
+        read = next((name for name, (index, _) in reads.items() if index[:1] == [{n.name: 1}]), "")
+        data = params.get(read)
+    if data is None or read not in reads or len(data.shape) != 4:
         return None
-    (weight_name, (weight_index, weight)), = reads.items()
-    if weight_name not in params or weight_index != [{f: 1}, {c: 1}, {r: 1}, {q: 1}]:
-        return None
-    if index[0] != {n: 1} or index[1] != {c: 1} or index[2] is None or index[3] is None:
-        return None
-    stride, dilation = index[2].get(y, 0), index[2].get(r, 0)
-    if index[2] != {y: stride, r: dilation} or index[3] != {x: stride, q: dilation}:
-        return None
+    index, _ = reads.pop(read)
     shape = [int(d) for d in data.shape]
-    pad_h = (int(padded.shape[2]) - shape[2]) // 2
-    if int(padded.shape[3]) - shape[3] != 2 * pad_h or _dtype(data) != _dtype(weight):
+    pad_h = _padding(pad, shape) if pad is not None else 0
+    if pad_h is None:
         return None
-    return "conv2d_nchw", {"N": shape[0], "CI": ci, "H": shape[2], "W": shape[3], "CO": co, "KH": kh, "KW": kw,
-                           "stride": stride, "pad": pad_h, "dilation": dilation, "dtype": _dtype(data)}
+    stride, dilation = (index[2] or {}).get(y.name, 0), (index[2] or {}).get(r.name, 0)
+    if index[0] != {n.name: 1} or index[2] != {y.name: stride, r.name: dilation} or \
+            index[3] != {x.name: stride, q.name: dilation}:
+        return None
+    window = {"N": shape[0], "H": shape[2], "W": shape[3], "KH": kh, "KW": kw, "stride": stride, "pad": pad_h,
+              "dtype": _dtype(data)}
+    if len(iters) == 6:  # a pooling: one input, max or sum over the window
+        value = block.body.value if isinstance(block.body, tirx.BufferStore) else None
+        kind = "max" if isinstance(value, tirx.Max) else "avg" if isinstance(value, tirx.Add) else None
+        if reads or kind is None or index[1] != {f.name: 1} or dilation != 1:
+            return None
+        return "pool2d", {**window, "C": shape[1], "kind": kind}
+    (weight_name, (weight_index, weight)), = reads.items()
+    (c, cig, _) = iters[4]
+    if weight_name not in params or weight_index != [{f.name: 1}, {c.name: 1}, {r.name: 1}, {q.name: 1}] or \
+            _dtype(weight) != _dtype(data):
+        return None
+    ci = shape[1]
+    if cig == ci:  # every input channel: a plain convolution
+        if index[1] != {c.name: 1}:
+            return None
+        return "conv2d_nchw", {**window, "CI": ci, "CO": co, "dilation": dilation}
+    groups = ci // cig
+    if ci % cig or co % groups or dilation != 1 or not _is_group_channel(block, read, f, c, co // groups, cig):
+        return None
+    if cig == 1:
+        return "depthwise_conv2d_nchw", {**window, "C": ci, "multiplier": co // ci}
+    return "group_conv2d_nchw", {**window, "CI": ci, "CO": co, "groups": groups}
+
+
+def _padding(pad: Any, shape: list[int]) -> int | None:
+    """The padding `pad` adds on every side of an NCHW input of `shape`, None unless it is the
+    same on all four sides of the last two axes."""
+    padded = [int(d) for d in pad.writes[0].source.shape]
+    if len(pad.reads) != 1 or padded[:2] != shape[:2] or (padded[2] - shape[2]) % 2:
+        return None
+    amount = (padded[2] - shape[2]) // 2
+    if padded[3] - shape[3] != 2 * amount:
+        return None
+    names = [v.var.name for v in pad.iter_vars]
+    index = [_affine(rng.min) for rng in pad.reads[0].region]
+    expected = [{names[0]: 1}, {names[1]: 1}, *({names[i]: 1, "": -amount} if amount else {names[i]: 1} for i in (2, 3))]
+    return amount if index == expected else None
+
+
+def _is_group_channel(block: Any, read: str, f: Any, c: Any, per_group_out: int, per_group_in: int) -> bool:
+    """Whether `block` reads buffer `read` at channel ``f // per_group_out * per_group_in + c`` (a
+    grouped convolution's input channel), proven for all `f` and `c` by TVM's arithmetic analyzer."""
+    from tvm import tirx
+    from tvm.sym import Analyzer
+
+    region = next(r for r in block.reads if r.source.name == read)
+    const = lambda v: tirx.const(v, str(region.region[1].min.ty))  # noqa: E731
+    expected = tirx.floordiv(f, const(per_group_out)) * const(per_group_in) + c
+    return bool(Analyzer().can_prove_equal(region.region[1].min, expected))
