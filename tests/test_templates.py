@@ -56,11 +56,13 @@ LLVM_CASES = {
     "avgpool-fp16": ("pool2d", dict(N=1, C=4, H=10, W=10, KH=2, KW=2, stride=2, kind="avg", dtype="float16")),
     "matmul": ("matmul", dict(M=33, N=17, K=20)),
     "matmul-fp16": ("matmul", dict(M=33, N=17, K=20, dtype="float16")),
+    "batch-matmul": ("batch_matmul", dict(B=3, M=17, N=12, K=20)),
 }
 
 CUDA_CASES = {
     **{preset: (preset, {}) for preset in PRESETS},
     "matmul-1024": ("matmul", dict(M=1024, N=1024, K=1024)),
+    "attention-scores": ("batch_matmul", dict(B=12, M=128, N=128, K=64)),
     # Shapes the presets miss: stride, multiplier, sizes that no thread count divides.
     "depthwise-mult2-stride2": (
         "depthwise_conv2d_nchw", dict(N=2, C=8, H=15, W=17, KH=3, KW=3, stride=2, pad=1, multiplier=2)

@@ -397,8 +397,9 @@ def test_a_missing_file_is_one_line(tmp_path: Path) -> None:
 def _relax_kernels() -> dict[str, TirWorkload]:
     """A fused conv2d + bias + ReLU, a strided conv2d alone, a matmul + bias + GELU, a depthwise
     convolution (two outputs per channel) + scale + shift + ReLU, a grouped convolution + ReLU, a max
-    pooling, an average pooling that leaves the padding out of its count and a max pooling in ceil mode
-    as Relax's pipeline makes them (LegalizeOps, FuseOps, FuseTIR; MetaSchedule's extract_tasks)."""
+    pooling, an average pooling that leaves the padding out of its count, a max pooling in ceil mode, a
+    batch matmul + scale (attention's scores) and one of two batch axes, as Relax's pipeline makes them
+    (LegalizeOps, FuseOps, FuseTIR; MetaSchedule's extract_tasks)."""
     import tvm
     from tvm import relax
     from tvm.s_tir import meta_schedule as ms
@@ -412,7 +413,8 @@ def _relax_kernels() -> dict[str, TirWorkload]:
     x, w, b = tensor("x", 1, 8, 10, 10), tensor("w", 16, 8, 3, 3), tensor("b", 1, 16, 1, 1)
     w2, a, m, bias = tensor("w2", 8, 8, 3, 3), tensor("a", 16, 32), tensor("m", 32, 24), tensor("bias", 24)
     dw, scale, grouped = tensor("dw", 16, 1, 3, 3), tensor("scale", 1, 16, 1, 1), tensor("grouped", 8, 4, 3, 3)
-    with bb.function("main", [x, w, b, w2, a, m, bias, dw, scale, grouped]):
+    q, k, q4, k4 = tensor("q", 4, 8, 6), tensor("k", 4, 6, 8), tensor("q4", 2, 3, 8, 6), tensor("k4", 2, 3, 6, 5)
+    with bb.function("main", [x, w, b, w2, a, m, bias, dw, scale, grouped, q, k, q4, k4]):
         with bb.dataflow():
             nn = relax.op.nn
             conv = bb.emit(nn.relu(relax.op.add(nn.conv2d(x, w, padding=1), b)))
@@ -423,7 +425,9 @@ def _relax_kernels() -> dict[str, TirWorkload]:
             group = bb.emit(nn.relu(nn.conv2d(x, grouped, strides=2, padding=1, groups=2)))
             pools = [bb.emit(nn.max_pool2d(x, 3, 2, 1)), bb.emit(nn.avg_pool2d(x, 3, 2, 1, count_include_pad=False)),
                      bb.emit(nn.max_pool2d(x, 3, 2, 0, ceil_mode=True))]
-            out = bb.emit_output(relax.Tuple([conv, strided, dense, depthwise, group, *pools]))
+            scores = bb.emit(relax.op.multiply(relax.op.matmul(q, k), relax.const(0.125, "float32")))
+            batched = bb.emit(relax.op.matmul(q4, k4))
+            out = bb.emit_output(relax.Tuple([conv, strided, dense, depthwise, group, *pools, scores, batched]))
         bb.emit_func_output(out)
     passes = [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(), relax.transform.FoldConstant(),
               relax.transform.FuseOps(), relax.transform.FuseTIR()]
@@ -449,21 +453,23 @@ def test_fused_kernels_are_recognised_as_the_farm_operators_they_compute(
     assert conv.stage("epilogue") is not None and len(conv.inline) == 1  # the add, inlined into the relu
     strided = next(match_operator(w) for name, w in relax_kernels.items() if name.startswith("conv2d"))
     assert strided is not None and strided.p["stride"] == 2 and strided.stage("epilogue") is None
-    dense = match_operator(relax_kernels["fused_matmul_add_gelu"] if "fused_matmul_add_gelu" in relax_kernels
-                           else next(w for n, w in relax_kernels.items() if "matmul" in n))
+    dense = match_operator(next(w for n, w in relax_kernels.items() if "gelu" in n))
     assert dense is not None and dense.name == "matmul" and dense.p["M"] == 16 and dense.p["N"] == 24
     assert match_operator(tir_from_file(str(kernels["softmax"]))) is None  # a softmax is none of them
     found = {name: match_operator(w) for name, w in relax_kernels.items()}
     depthwise = next(f for f in found.values() if f is not None and f.name == "depthwise_conv2d_nchw")
     assert depthwise.p == {"N": 1, "C": 8, "H": 10, "W": 10, "KH": 3, "KW": 3, "stride": 1, "pad": 1, "multiplier": 2,
                            "dtype": "float32"}
-    assert depthwise.unit_reduction and len(depthwise.inline) == 2 and depthwise.stage("epilogue") is not None
+    assert depthwise.fuse_loops == ((4, 2),) and len(depthwise.inline) == 2 and depthwise.stage("epilogue") is not None
     group = next(f for f in found.values() if f is not None and f.name == "group_conv2d_nchw")
     assert group.p == {"N": 1, "CI": 8, "H": 10, "W": 10, "CO": 8, "KH": 3, "KW": 3, "groups": 2, "stride": 2,
                        "pad": 1, "dtype": "float32"}
     pools = sorted((f.p["kind"], f.p["pad"], f.stage("epilogue") is not None) for f in found.values()
                    if f is not None and f.name == "pool2d")
     assert pools == [("avg", 1, True), ("max", 1, False)]  # the ceil mode's output is not pool2d's
+    batches = sorted((f.p["B"], f.p["M"], f.p["N"], f.p["K"], f.fuse_loops, f.stage("epilogue") is not None)
+                     for f in found.values() if f is not None and f.name == "batch_matmul")
+    assert batches == [(4, 8, 8, 6, (), True), (6, 8, 5, 6, ((0, 2),), False)]
     assert sum(f is None for f in found.values()) == 1
 
 
@@ -474,15 +480,14 @@ def test_hand_templates_schedule_fused_kernels_correctly(relax_kernels: dict[str
 
     import tvm
 
-    from farm.core.templates.verify import verify_gpu
-    from workers.compiler import BuildResult, compile_into
-
     from farm.core.fused import match_operator
+    from farm.core.templates.verify import verify_gpu
     from farm.export import _replays as replays
+    from workers.compiler import BuildResult, compile_into
 
     cuda = parse_target("cuda")
     gpu_templates = {"conv2d_nchw": "cuda.tiled", "group_conv2d_nchw": "cuda.tiled", "matmul": "cuda.tiled",
-                     "depthwise_conv2d_nchw": "cuda.depthwise", "pool2d": "cuda.pool"}
+                     "batch_matmul": "cuda.tiled", "depthwise_conv2d_nchw": "cuda.depthwise", "pool2d": "cuda.pool"}
     for workload in relax_kernels.values():
         operator = match_operator(workload)
         if operator is None:  # the ceil-mode max pooling

@@ -21,7 +21,8 @@ def test_presets_match_design() -> None:
     assert (sg["N"], sg["CI"], sg["CO"], sg["groups"], sg["dtype"]) == (32, 64, 64, 8, "float16")
     assert make_workload("seed-avgpool").p["kind"] == "avg"
     assert set(PRESETS) == {"resnet-last-conv", "seed-depthwise", "seed-maxpool", "seed-avgpool", "spio-grouped"}
-    assert set(WORKLOADS) == {"conv2d_nchw", "depthwise_conv2d_nchw", "pool2d", "group_conv2d_nchw", "matmul"}
+    assert set(WORKLOADS) == {"conv2d_nchw", "depthwise_conv2d_nchw", "pool2d", "group_conv2d_nchw", "matmul",
+                              "batch_matmul"}
 
 
 @pytest.mark.parametrize(("name", "params", "message"), [

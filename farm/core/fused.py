@@ -5,7 +5,8 @@ convolution + batch norm + relu.
 `match_operator` reads a TIR workload's blocks: one reduction (the main computation), before it at
 most a padding block, after it only elementwise blocks. If the reduction is one of
 
-- a matmul, ``C[i, j] += A[i, k] * B[k, j]``;
+- a matmul, ``C[i, j] += A[i, k] * B[k, j]``, or a batch of them, ``C[b..., i, j] += A[b..., i, k] *
+  B[b..., k, j]`` (one or more batch axes, the same in both inputs: an attention's scores and context);
 - an NCHW convolution, ``O[n, f, y, x] += P[n, c, y*s + r*d, x*s + q*d] * W[f, c, r, q]``;
 - a grouped one, ``O[n, f, y, x] += P[n, f // (CO/G) * (CI/G) + c, y*s + r, x*s + q] * W[f, c, r, q]``,
   which is a depthwise convolution where each group has one input channel (TOPI writes PyTorch's
@@ -23,6 +24,7 @@ the templates that beat cuDNN. The output check compares with the whole kernel's
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -43,10 +45,11 @@ class FusedOperator(Workload):
     source: TirWorkload | None = field(default=None, kw_only=True)
     stages: tuple[tuple[str, str], ...] = field(default=(), kw_only=True)
     inline: tuple[str, ...] = field(default=(), kw_only=True)
-    # The compute block's first reduction loop has extent 1 where the named workload has no such
-    # loop (a depthwise convolution written as a grouped one): fused into the next, so that the
-    # templates find the loops of the workload they schedule.
-    unit_reduction: bool = field(default=False, kw_only=True)
+    # Runs of the compute block's loops, (first, count), each fused into one loop so that the
+    # templates find the loops of the workload they schedule: a depthwise convolution written as a
+    # grouped one has a reduction loop of extent 1 before its window's (fused into the window's
+    # rows), a batch matmul may have several batch axes (fused into one).
+    fuse_loops: tuple[tuple[int, int], ...] = field(default=(), kw_only=True)
 
     def stage(self, role: str) -> str | None:
         return dict(self.stages).get(role)
@@ -60,10 +63,9 @@ class FusedOperator(Workload):
         trace replays them on the kernel as given)."""
         for name in self.inline:
             sch.compute_inline(sch.get_sblock(name))
-        if self.unit_reduction:
+        for first, count in reversed(self.fuse_loops):  # the last first: the earlier loops keep their places
             loops = sch.get_loops(sch.get_sblock(self.stage("compute")))
-            first = len(self.output_shape())
-            sch.fuse(loops[first], loops[first + 1])
+            sch.fuse(*loops[first:first + count])
 
     def __str__(self) -> str:
         return f"{self.source} as {super().__str__()}"
@@ -99,12 +101,12 @@ def match_operator(tir: TirWorkload) -> FusedOperator | None:
         return None
     if found is None:
         return None
-    name, values = found
+    name, values, fuse = found
     try:
         operator = make_workload(name, values)
     except FarmError:
         return None
-    if operator.output_shape() != tuple(int(d) for d in output.shape):  # e.g. a pooling's ceil mode
+    if operator.output_shape() != _collapsed([int(d) for d in output.shape], fuse):  # e.g. a pooling's ceil mode
         return None
     if name == "pool2d" and values["kind"] == "avg" and not after:  # a sum: no average's division
         return None
@@ -113,9 +115,16 @@ def match_operator(tir: TirWorkload) -> FusedOperator | None:
         stages.append(("pad", before[0].name_hint))
     if after:
         stages.append(("epilogue", after[-1].name_hint))
-    unit = name == "depthwise_conv2d_nchw"  # matched from a grouped convolution's loops
     return FusedOperator(operator.name, operator.params, source=tir, stages=tuple(stages),
-                         inline=tuple(b.name_hint for b in after[:-1]), unit_reduction=unit)
+                         inline=tuple(b.name_hint for b in after[:-1]), fuse_loops=fuse)
+
+
+def _collapsed(shape: list[int], fuse: tuple[tuple[int, int], ...]) -> tuple[int, ...]:
+    """`shape` with each run of its axes that `fuse` fuses (FusedOperator.fuse_loops) as one axis."""
+    for first, count in reversed(fuse):
+        if first + count <= len(shape):  # a run of spatial loops, the output's axes
+            shape[first:first + count] = [math.prod(shape[first:first + count])]
+    return tuple(shape)
 
 
 def _affine(expr: Any) -> dict[str, int] | None:
@@ -151,23 +160,33 @@ def _dtype(buffer: Any) -> str:
     return str(buffer.dtype)
 
 
-def _matmul(block: Any, params: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
-    """("matmul", params) if `block` is C[i, j] += A[i, k] * B[k, j] over two of the kernel's inputs."""
+# What a matcher returns: the workload's name and params, and the loop runs to fuse (FusedOperator.fuse_loops).
+Match = tuple[str, dict[str, Any], tuple[tuple[int, int], ...]]
+
+
+def _matmul(block: Any, params: dict[str, Any]) -> Match | None:
+    """("matmul", ...) if `block` is C[i, j] += A[i, k] * B[k, j] over two of the kernel's inputs,
+    ("batch_matmul", ...) if it is C[b..., i, j] += A[b..., i, k] * B[b..., k, j]."""
     iters = [(v.var.name, int(v.dom.extent), int(v.iter_type)) for v in block.iter_vars]
-    if [t for _, _, t in iters] != [0, 0, 2]:
+    if len(iters) < 3 or [t for _, _, t in iters] != [0] * (len(iters) - 1) + [2]:
         return None
-    (i, m, _), (j, n, _), (k, kk, _) = iters
+    *batch, (i, m, _), (j, n, _), (k, kk, _) = iters
     out = block.writes[0].source.name
     reads = [a for a in _accesses(block) if a[0] != out]
     if len(reads) != 2 or any(name not in params for name, _, _ in reads):
         return None
     (_, a_idx, a_buf), (_, b_idx, b_buf) = reads
-    if a_idx != [{i: 1}, {k: 1}] or b_idx != [{k: 1}, {j: 1}] or _dtype(a_buf) != _dtype(b_buf):
+    same = [{b: 1} for b, _, _ in batch]
+    if a_idx != [*same, {i: 1}, {k: 1}] or b_idx != [*same, {k: 1}, {j: 1}] or _dtype(a_buf) != _dtype(b_buf):
         return None
-    return "matmul", {"M": m, "N": n, "K": kk, "dtype": _dtype(a_buf)}
+    if not batch:
+        return "matmul", {"M": m, "N": n, "K": kk, "dtype": _dtype(a_buf)}, ()
+    size = math.prod(extent for _, extent, _ in batch)
+    return ("batch_matmul", {"B": size, "M": m, "N": n, "K": kk, "dtype": _dtype(a_buf)},
+            ((0, len(batch)),) if len(batch) > 1 else ())
 
 
-def _windowed(block: Any, pad: Any | None, params: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
+def _windowed(block: Any, pad: Any | None, params: dict[str, Any]) -> Match | None:
     """The convolution or pooling `block` computes (the module's doc) over a kernel input `data`,
     padded by the block `pad` if there is one: (workload name, params), or None."""
     from tvm import tirx
@@ -203,7 +222,7 @@ def _windowed(block: Any, pad: Any | None, params: dict[str, Any]) -> tuple[str,
         kind = "max" if isinstance(value, tirx.Max) else "avg" if isinstance(value, tirx.Add) else None
         if reads or kind is None or index[1] != {f.name: 1} or dilation != 1:
             return None
-        return "pool2d", {**window, "C": shape[1], "kind": kind}
+        return "pool2d", {**window, "C": shape[1], "kind": kind}, ()
     (weight_name, (weight_index, weight)), = reads.items()
     (c, cig, _) = iters[4]
     if weight_name not in params or weight_index != [{f.name: 1}, {c.name: 1}, {r.name: 1}, {q.name: 1}] or \
@@ -213,13 +232,13 @@ def _windowed(block: Any, pad: Any | None, params: dict[str, Any]) -> tuple[str,
     if cig == ci:  # every input channel: a plain convolution
         if index[1] != {c.name: 1}:
             return None
-        return "conv2d_nchw", {**window, "CI": ci, "CO": co, "dilation": dilation}
+        return "conv2d_nchw", {**window, "CI": ci, "CO": co, "dilation": dilation}, ()
     groups = ci // cig
     if ci % cig or co % groups or dilation != 1 or not _is_group_channel(block, read, f, c, co // groups, cig):
         return None
-    if cig == 1:
-        return "depthwise_conv2d_nchw", {**window, "C": ci, "multiplier": co // ci}
-    return "group_conv2d_nchw", {**window, "CI": ci, "CO": co, "groups": groups}
+    if cig == 1:  # its reduction loop over a group's one input channel fused into the window's rows
+        return "depthwise_conv2d_nchw", {**window, "C": ci, "multiplier": co // ci}, ((4, 2),)
+    return "group_conv2d_nchw", {**window, "CI": ci, "CO": co, "groups": groups}, ()
 
 
 def _padding(pad: Any, shape: list[int]) -> int | None:
@@ -233,7 +252,8 @@ def _padding(pad: Any, shape: list[int]) -> int | None:
         return None
     names = [v.var.name for v in pad.iter_vars]
     index = [_affine(rng.min) for rng in pad.reads[0].region]
-    expected = [{names[0]: 1}, {names[1]: 1}, *({names[i]: 1, "": -amount} if amount else {names[i]: 1} for i in (2, 3))]
+    shifted = [{names[i]: 1, "": -amount} if amount else {names[i]: 1} for i in (2, 3)]
+    expected = [{names[0]: 1}, {names[1]: 1}, *shifted]
     return amount if index == expected else None
 
 

@@ -451,6 +451,18 @@ def _matmul_te(p: Mapping[str, Any]) -> list[Any]:
     return [a, b, _epilogue_te(c, p["dtype"])]
 
 
+def _batch_matmul_te(p: Mapping[str, Any]) -> list[Any]:
+    from tvm import te
+
+    a = te.placeholder((p["B"], p["M"], p["K"]), p["dtype"], name="A")
+    b = te.placeholder((p["B"], p["K"], p["N"]), p["dtype"], name="B")
+    k = te.reduce_axis((0, p["K"]), name="k")
+    acc = ACCUMULATOR[p["dtype"]]
+    c = te.compute((p["B"], p["M"], p["N"]),
+                   lambda n, i, j: te.sum(a[n, i, k].astype(acc) * b[n, k, j].astype(acc), axis=k), name="compute")
+    return [a, b, _epilogue_te(c, p["dtype"])]
+
+
 def _no_check(p: Mapping[str, Any]) -> None:
     return None
 
@@ -527,6 +539,18 @@ WORKLOADS: dict[str, WorkloadDef] = {
             input_shapes=lambda p: [(p["M"], p["K"]), (p["K"], p["N"])],
             output_shape=lambda p: (p["M"], p["N"]),
             build_te=_matmul_te,
+            reference=lambda p, xs: xs[0] @ xs[1],
+            reduce_extents=lambda p: (p["K"],),
+            ops_per_point=2,
+        ),
+        WorkloadDef(
+            name="batch_matmul",
+            params=(Param("B"), Param("M"), Param("N"), Param("K"), _dtype()),
+            doc="C[B, M, N] = A[B, M, K] @ B[B, K, N], one matmul per batch (attention's scores and context)",
+            check=_no_check,
+            input_shapes=lambda p: [(p["B"], p["M"], p["K"]), (p["B"], p["K"], p["N"])],
+            output_shape=lambda p: (p["B"], p["M"], p["N"]),
+            build_te=_batch_matmul_te,
             reference=lambda p, xs: xs[0] @ xs[1],
             reduce_extents=lambda p: (p["K"],),
             ops_per_point=2,

@@ -1,4 +1,4 @@
-"""CUDA multi-level tiling for conv2d, grouped conv2d and matmul.
+"""CUDA multi-level tiling for conv2d, grouped conv2d, matmul and batch matmul.
 
 The structure of the AutoTVM conv2d tutorial ("Tuning High Performance Convolution on NVIDIA
 GPUs", ../shared/references/): every spatial axis is split 4 ways into block / vthread /
@@ -14,7 +14,8 @@ base.PIPELINE) and `a_kmajor` (A's shared tile stored transposed). Their first v
 space has exactly the tutorial's 10,454,400 configs.
 
 Spatial axes are grouped onto the z / y / x grid and thread dimensions (conv: batch and
-output channel on z, rows on y, columns on x; matmul: rows on y, columns on x).
+output channel on z, rows on y, columns on x; matmul: rows on y, columns on x; batch matmul: the
+batch on z too).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from farm.core.templates.base import (
     cooperative_fetch,
     dtype_bytes,
     fold_epilogue,
+    has_stage,
     new_schedule,
     pipeline_buffers,
     pipeline_error,
@@ -48,12 +50,14 @@ _AXES = {
     "conv2d_nchw": _CONV_AXES,
     "group_conv2d_nchw": _CONV_AXES,
     "matmul": (("i", "j"), ("k",)),
+    "batch_matmul": (("b", "i", "j"), ("k",)),
 }
 # Which spatial axes share each grid dimension, z then y then x.
 _GROUPS = {
     "conv2d_nchw": (("n", "f"), ("y",), ("x",)),
     "group_conv2d_nchw": (("n", "f"), ("y",), ("x",)),
     "matmul": ((), ("i",), ("j",)),
+    "batch_matmul": (("b",), ("i",), ("j",)),
 }
 _DIMS = ("z", "y", "x")
 
@@ -200,7 +204,7 @@ class CudaTiled(Template, name="cuda.tiled", kind="cuda", workloads=tuple(_AXES)
                     # element, each is a 4-byte cp.async.
                     vector = 1
             cooperative_fetch(sch, shared, thread_extents, thread_dims, threads_outer=fetch == 0, vector=vector)
-        if wl.name != "matmul":
+        if has_stage(sch, wl, "pad"):
             # Padding goes into the shared copy, which then fills exactly the padded tile that
             # _shared_bytes counts. Inlined into `compute` instead, the copy reads `data` under
             # the padding predicate and TVM's buffer compaction often over-allocates the tile
@@ -249,9 +253,9 @@ def _shared_bytes(wl: Workload, config: Config) -> int:
     p = wl.p
     tile = {a: prod(config[f"tile_{a}"][1:]) for a in _AXES[wl.name][0]}
     chunk = {a: prod(config[f"tile_{a}"][1:]) for a in _AXES[wl.name][1]}
-    if wl.name == "matmul":
+    if wl.name in ("matmul", "batch_matmul"):
         rows = tile["i"] + (KMAJOR_PAD - tile["i"]) % 32 if config["a_kmajor"] else tile["i"]  # its stride
-        elements = rows * chunk["k"] + chunk["k"] * tile["j"]
+        elements = tile.get("b", 1) * (rows * chunk["k"] + chunk["k"] * tile["j"])
     else:
         s, d = p["stride"], p.get("dilation", 1)
         channels = chunk["rc"]

@@ -1,5 +1,5 @@
 """CPU (llvm) tiling for every workload: conv2d, depthwise conv2d, pooling, grouped conv2d,
-matmul.
+matmul, batch matmul.
 
 The classic register-tiled CPU schedule:
 - padding inlined; every spatial axis but the batch and every reduction axis split into
@@ -44,15 +44,16 @@ _AXES = {
     "pool2d": _WINDOW,
     "group_conv2d_nchw": _CONV,
     "matmul": (("i", "j"), ("k",)),
+    "batch_matmul": (("b", "i", "j"), ("k",)),
 }
-_UNTILED = "n"  # the batch axis
+_UNTILED = ("n", "b")  # the batch axes
 
 
 class LlvmTiled(Template, name="llvm.tiled", kind="llvm", workloads=tuple(_AXES)):
     def space(self, wl: Workload, target: TargetSpec) -> ConfigSpace:
         spatial, reduce = _AXES[wl.name]
         extents = axis_extents(wl, spatial + reduce)
-        tiled = [a for a in spatial + reduce if a != _UNTILED]
+        tiled = [a for a in spatial + reduce if a not in _UNTILED]
         return ConfigSpace([
             *[SplitKnob(f"tile_{a}", extents[a], 2) for a in tiled],
             ChoiceKnob("parallel_depth", list(range(1, len(spatial) + 1))),
@@ -71,7 +72,7 @@ class LlvmTiled(Template, name="llvm.tiled", kind="llvm", workloads=tuple(_AXES)
         inner: dict[str, list[Any]] = {"spatial": [], "reduce": []}
         for group, axes in (("spatial", spatial), ("reduce", reduce)):
             for a in axes:
-                if a == _UNTILED:
+                if a in _UNTILED:
                     outer[group].append(loops[a])
                 else:
                     o, i = sch.split(loops[a], list(config[f"tile_{a}"]))
