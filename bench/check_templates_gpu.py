@@ -35,7 +35,7 @@ from farm.core.workloads import PRESETS, workload_from_json
 # stride and multiplier for depthwise, sizes that no thread count divides for pooling; float16
 # matmul, conv2d and grouped conv on tensor cores (the conv2d's with padding, stride 2, a 1x1 kernel) and, with
 # sizes that are not multiples of 16, on CUDA cores; float16 depthwise and average pooling (fp32
-# accumulators, cast in the epilogue).
+# accumulators, cast in the epilogue); a batch matmul of BERT-base's attention scores, and one of odd sizes.
 EXTRA_CASES = [
     ("matmul", dict(M=1024, N=1024, K=1024)),
     ("matmul", dict(M=256, N=128, K=64, dtype="float16")),
@@ -49,6 +49,8 @@ EXTRA_CASES = [
     ("pool2d", dict(N=2, C=3, H=15, W=17, KH=3, KW=3, stride=2, pad=1, kind="avg", dtype="float16")),
     ("depthwise_conv2d_nchw", dict(N=2, C=8, H=15, W=17, KH=3, KW=3, stride=2, pad=1, multiplier=2)),
     ("pool2d", dict(N=2, C=3, H=15, W=17, KH=3, KW=3, stride=2, pad=1, kind="avg")),
+    ("batch_matmul", dict(B=12, M=128, N=128, K=64)),
+    ("batch_matmul", dict(B=3, M=33, N=17, K=20)),
 ]
 
 
