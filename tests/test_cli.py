@@ -30,7 +30,7 @@ def test_workloads_lists_everything_with_space_sizes() -> None:
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     assert {w["name"] for w in doc["workloads"]} == {
-        "conv2d_nchw", "depthwise_conv2d_nchw", "pool2d", "group_conv2d_nchw", "matmul"}
+        "conv2d_nchw", "depthwise_conv2d_nchw", "pool2d", "group_conv2d_nchw", "matmul", "batch_matmul"}
     presets = {p["name"]: p for p in doc["presets"]}
     # The AutoTVM tutorial's 10,454,400 configs, times split-K's 7 slice counts and 2 ways to fetch tiles.
     assert presets["resnet-last-conv"]["spaces"]["cuda"]["space_size"] == 10_454_400 * 7 * 2
