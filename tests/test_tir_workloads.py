@@ -523,6 +523,50 @@ def test_hand_templates_schedule_fused_kernels_correctly(relax_kernels: dict[str
     assert names == ["llvm.tiled", "ms.llvm"]
 
 
+def test_a_half_precision_fused_matmul_reaches_the_tensor_cores() -> None:
+    """A float16 matmul (float32 sums) + bias + GELU as Relax makes it gets cuda.tensorcore with its
+    stages folded into the store: WMMA code that passes GPU verification, builds, and whose trace
+    MetaSchedule replays on the kernel as given."""
+    import tempfile
+
+    import tvm
+    from tvm import relax
+    from tvm.s_tir import meta_schedule as ms
+
+    from farm.core.templates.base import compile_scheduled
+    from farm.core.templates.verify import verify_gpu
+    from farm.core.tir import tir_workload
+    from farm.export import _replays as replays
+    from workers.compiler import BuildResult, compile_into
+
+    bb = relax.BlockBuilder()
+    a, w = relax.Var("a", relax.TensorType((32, 64), "float16")), relax.Var("w", relax.TensorType((64, 48), "float16"))
+    bias = relax.Var("bias", relax.TensorType((48,), "float16"))
+    with bb.function("main", [a, w, bias]):
+        with bb.dataflow():
+            product = relax.op.astype(relax.op.matmul(a, w, out_dtype="float32"), "float16")
+            out = bb.emit_output(relax.op.nn.gelu(relax.op.add(product, bias)))
+        bb.emit_func_output(out)
+    passes = [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(), relax.transform.FoldConstant(),
+              relax.transform.FuseOps(), relax.transform.FuseTIR()]
+    (extracted,) = ms.relax_integration.extract_tasks(tvm.transform.Sequential(passes)(bb.get()),
+                                                      tvm.target.Target("llvm"))
+    cuda = parse_target("cuda")
+    task = Task(tir_workload(extracted.dispatched[0]["main"], extracted.task_name), cuda)
+    assert task.template.name == "cuda.tensorcore" and task.scheduled_as.name == "matmul"
+    rng = random.Random(0)
+    for _ in range(2):
+        config = next(c for c in (task.space.get(rng.randrange(task.space.size)) for _ in range(5000))
+                      if task.check(c) is None)
+        sch = task.schedule(config)
+        assert verify_gpu(sch.mod, cuda) is None and replays(task, sch)
+        source = compile_scheduled(sch.mod, cuda).mod.imports[0].inspect_source("")
+        assert "wmma::mma_sync" in source and "erff(" in source  # the GELU, in the kernel that stores the output
+        built = BuildResult(config.index, config.to_json())
+        compile_into(sch.mod, cuda, Path(tempfile.mkdtemp()) / "kernel", built)
+        assert built.ok, built.error
+
+
 def test_a_job_with_every_template_keeps_the_faster(matmul: TirWorkload, kernels: dict[str, Path],
                                                     tmp_path: Path) -> None:
     """`--templates all` tunes the fused matmul + bias + ReLU with its hand template and its design

@@ -116,10 +116,11 @@ def gemm_extents(wl: Workload) -> tuple[int, int, int]:
 class CudaTensorCore(Template, name="cuda.tensorcore", kind="cuda",
                      workloads=("matmul", "conv2d_nchw", "group_conv2d_nchw")):
     def applies(self, wl: Workload, target: TargetSpec) -> bool:
-        # It schedules the workload's computation written as a matrix product (its own PrimFunc): a
-        # TIR kernel's (farm.core.fused) would lose its elementwise stages.
+        # A convolution is scheduled as a matrix product written anew (_weights_as_matrix), in which
+        # a TIR kernel's (farm.core.fused) elementwise stages would be lost; a matmul's own function
+        # is its matrix product, so a fused matmul's is scheduled as it is, its stages folded in.
         return wl.dtype == "float16" and all(extent % FRAGMENT == 0 for extent in gemm_extents(wl)) and \
-            not hasattr(wl, "prepare")
+            (wl.name == "matmul" or not hasattr(wl, "prepare"))
 
     def space(self, wl: Workload, target: TargetSpec) -> ConfigSpace:
         m, n, k = gemm_extents(wl)
