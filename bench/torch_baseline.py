@@ -40,8 +40,8 @@ def torch_op(wl: Workload) -> Callable[[], Any]:
         if p["kind"] == "max":
             return lambda: F.max_pool2d(xs[0], k, s, pad)
         return lambda: F.avg_pool2d(xs[0], k, s, pad, count_include_pad=True)
-    if wl.name == "matmul":
-        return lambda: xs[0] @ xs[1]
+    if wl.name in ("matmul", "batch_matmul"):
+        return lambda: xs[0] @ xs[1]  # torch.bmm for a batch
     raise ValueError(wl.name)
 
 
