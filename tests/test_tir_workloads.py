@@ -523,16 +523,18 @@ def test_hand_templates_schedule_fused_kernels_correctly(relax_kernels: dict[str
     assert names == ["llvm.tiled", "ms.llvm"]
 
 
-def test_a_half_precision_fused_matmul_reaches_the_tensor_cores() -> None:
+def test_half_precision_fused_kernels_reach_the_tensor_cores() -> None:
     """A float16 matmul (float32 sums) + bias + GELU as Relax makes it gets cuda.tensorcore with its
     stages folded into the store: WMMA code that passes GPU verification, builds, and whose trace
-    MetaSchedule replays on the kernel as given."""
+    MetaSchedule replays on the kernel as given. A float16 convolution + ReLU, which no tensor-core
+    hand template takes fused, goes to its design space (tensor-core sketches) before cuda.tiled."""
     import tempfile
 
     import tvm
     from tvm import relax
     from tvm.s_tir import meta_schedule as ms
 
+    from farm.core.templates import templates_for
     from farm.core.templates.base import compile_scheduled
     from farm.core.templates.verify import verify_gpu
     from farm.core.tir import tir_workload
@@ -542,17 +544,26 @@ def test_a_half_precision_fused_matmul_reaches_the_tensor_cores() -> None:
     bb = relax.BlockBuilder()
     a, w = relax.Var("a", relax.TensorType((32, 64), "float16")), relax.Var("w", relax.TensorType((64, 48), "float16"))
     bias = relax.Var("bias", relax.TensorType((48,), "float16"))
-    with bb.function("main", [a, w, bias]):
+    x = relax.Var("x", relax.TensorType((1, 16, 8, 8), "float16"))
+    k = relax.Var("k", relax.TensorType((16, 16, 3, 3), "float16"))
+    with bb.function("main", [a, w, bias, x, k]):
         with bb.dataflow():
-            product = relax.op.astype(relax.op.matmul(a, w, out_dtype="float32"), "float16")
-            out = bb.emit_output(relax.op.nn.gelu(relax.op.add(product, bias)))
+            product = bb.emit(relax.op.astype(relax.op.matmul(a, w, out_dtype="float32"), "float16"))
+            dense = bb.emit(relax.op.nn.gelu(relax.op.add(product, bias)))
+            conv = bb.emit(relax.op.nn.relu(relax.op.nn.conv2d(x, k, padding=1, out_dtype="float16")))
+            out = bb.emit_output(relax.Tuple([dense, conv]))
         bb.emit_func_output(out)
     passes = [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(), relax.transform.FoldConstant(),
               relax.transform.FuseOps(), relax.transform.FuseTIR()]
-    (extracted,) = ms.relax_integration.extract_tasks(tvm.transform.Sequential(passes)(bb.get()),
-                                                      tvm.target.Target("llvm"))
+    fused = tvm.transform.Sequential(passes)(bb.get())
+    extracted = {t.task_name: tir_workload(t.dispatched[0]["main"], t.task_name)
+                 for t in ms.relax_integration.extract_tasks(fused, tvm.target.Target("llvm"))}
     cuda = parse_target("cuda")
-    task = Task(tir_workload(extracted.dispatched[0]["main"], extracted.task_name), cuda)
+    conv_kernel = next(w for name, w in extracted.items() if "conv2d" in name)
+    assert [t.name for _, t in templates_for(conv_kernel, cuda)] == ["ms.cuda", "cuda.tiled"]
+    assert [t.name for _, t in templates_for(conv_kernel, parse_target({"kind": "cuda", "arch": "sm_61"}))] == \
+        ["cuda.tiled", "ms.cuda"]  # no tensor cores before Volta
+    task = Task(next(w for name, w in extracted.items() if "matmul" in name), cuda)
     assert task.template.name == "cuda.tensorcore" and task.scheduled_as.name == "matmul"
     rng = random.Random(0)
     for _ in range(2):

@@ -36,7 +36,8 @@ def templates_for(workload: Workload, target: TargetSpec | str) -> list[tuple[Wo
     """Every template that schedules `workload` on `target`, in order of preference, each with the
     workload it schedules: a TIR kernel whose main computation is one of the farm's operators
     (farm.core.fused) first gets that operator's hand templates, scheduling the kernel as a
-    FusedOperator, then its design space. FarmError if none does."""
+    FusedOperator, then its design space; but a float16 one whose hand template would compute on
+    CUDA cores gets its design space first, where the GPU has tensor cores. FarmError if none does."""
     from farm.core.fused import match_operator
     from farm.core.tir import TirWorkload
 
@@ -46,9 +47,18 @@ def templates_for(workload: Workload, target: TargetSpec | str) -> list[tuple[Wo
            if t.kind == spec.kind and wl.name in t.workloads and t.applies(wl, spec)]
     if not out:
         raise FarmError(f"no {spec.kind} template for workload {workload.name!r}")
+    if fused is not None and fused.dtype == "float16" and out[0][1].name in CUDA_CORE_PRODUCTS \
+            and spec.compute_capability >= TENSOR_CORE_CAPABILITY:
+        # Tensor cores before CUDA cores: the design space's sketches use them (MetaSchedule's
+        # tensor-core tiling takes 16-bit types from sm_70 on), the hand template would not.
+        out = [item for item in out if item[0] is workload] + [item for item in out if item[0] is not workload]
     return out
 
 
+# The hand templates of matrix products and convolutions on CUDA cores: a float16 TIR kernel they
+# would take goes to its design space first (templates_for).
+CUDA_CORE_PRODUCTS = ("cuda.tiled",)
+TENSOR_CORE_CAPABILITY = 70
 # Arch-specific variants (CUDA's "a" suffix) that unlock a template the portable arch cannot use:
 # sm_90a's wgmma. A target asks for them itself, since their kernels run on that one arch only.
 ARCH_SPECIFIC = {"sm_90": "sm_90a"}
@@ -72,4 +82,5 @@ def arch_specific_hint(workload: Workload, target: TargetSpec | str) -> str | No
             f"{better.name} instead of {current.name} (kernels built for {variant} run on {spec.arch} GPUs alone)")
 
 
-__all__ = ["ARCH_SPECIFIC", "HINTED", "TEMPLATES", "Template", "arch_specific_hint", "get_template", "templates_for"]
+__all__ = ["ARCH_SPECIFIC", "CUDA_CORE_PRODUCTS", "HINTED", "TEMPLATES", "TENSOR_CORE_CAPABILITY", "Template",
+           "arch_specific_hint", "get_template", "templates_for"]
