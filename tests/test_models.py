@@ -278,6 +278,53 @@ def test_tune_a_model_build_it_and_reuse_its_kernels(tmp_path: Path) -> None:
     assert sum(t["trials"] for t in _job(tmp_path, 4)) == 4
 
 
+# A depthwise convolution (two outputs per channel) + batch norm + ReLU, a grouped convolution, max and
+# average pooling and an attention's batch matmul of two heads: the operators the hand templates take
+# inside fused kernels besides a convolution and a matmul (farm.core.fused).
+OPERATORS_PY = """
+import torch
+
+class Net(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.dw = torch.nn.Conv2d(3, 6, 3, padding=1, groups=3, bias=False)
+        self.bn = torch.nn.BatchNorm2d(6)
+        self.group = torch.nn.Conv2d(6, 8, 3, padding=1, groups=2)
+        self.pool, self.avg = torch.nn.MaxPool2d(3, 2, 1), torch.nn.AvgPool2d(2, 2)
+        self.q, self.k = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.avg(self.pool(torch.relu(self.group(torch.relu(self.bn(self.dw(x)))))))
+        t = x.flatten(2).transpose(1, 2)
+        q = self.q(t).reshape(1, 4, 2, 4).transpose(1, 2)
+        k = self.k(t).reshape(1, 4, 2, 4).transpose(1, 2)
+        return torch.softmax(q @ k.transpose(-1, -2), dim=-1)
+
+torch.manual_seed(0)
+model = Net().eval()
+example_inputs = (torch.randn(1, 3, 8, 8),)
+"""
+
+
+def test_depthwise_grouped_pooling_and_attention_kernels_tune_on_the_hand_templates_and_build(
+        tmp_path: Path) -> None:
+    """Each of those kernels is tuned with the hand template of its operator (llvm.tiled), and
+    `farm build-model` applies every record (their traces through MetaSchedule's database) into a
+    model whose outputs match PyTorch eager."""
+    (tmp_path / "ops.py").write_text(OPERATORS_PY)
+    proc = farm("tune-model", "ops.py", "--trials", "24", "--batch-size", "2", "--export", "best.json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    with sqlite3.connect(tmp_path / "farm.db") as con:
+        templates = dict(con.execute("SELECT json_extract(workload, '$.params.func'), template FROM tasks").fetchall())
+    hand = {name: template for name, template in templates.items()
+            if any(op in name for op in ("conv2d", "pool2d", "matmul"))}
+    assert len(hand) == 6 and set(hand.values()) == {"llvm.tiled"}, templates  # dw, group, 2 pools, 2 matmuls
+    proc = farm("build-model", "ops.py", "--target", "llvm", "--best", "best.json", "-o", "ops.so", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert f"{len(templates)} of {len(templates)} kernels from tuning" in proc.stdout
+    assert "outputs match PyTorch eager" in proc.stdout
+
+
 def _job(folder: Path, job_id: int) -> list[dict[str, Any]]:
     """Each task of a job: its kernel's name, trial count, and the origin of its first trial."""
     with sqlite3.connect(folder / "farm.db") as con:
