@@ -398,8 +398,9 @@ def _relax_kernels() -> dict[str, TirWorkload]:
     """A fused conv2d + bias + ReLU, a strided conv2d alone, a matmul + bias + GELU, a depthwise
     convolution (two outputs per channel) + scale + shift + ReLU, a grouped convolution + ReLU, a max
     pooling, an average pooling that leaves the padding out of its count, a max pooling in ceil mode, a
-    batch matmul + scale (attention's scores) and one of two batch axes, as Relax's pipeline makes them
-    (LegalizeOps, FuseOps, FuseTIR; MetaSchedule's extract_tasks)."""
+    batch matmul + scale (attention's scores), one of two batch axes and a linear layer + bias on one and on two
+    sequences, as Relax's pipeline makes them (LegalizeOps, FuseOps, FuseTIR; MetaSchedule's
+    extract_tasks)."""
     import tvm
     from tvm import relax
     from tvm.s_tir import meta_schedule as ms
@@ -413,8 +414,9 @@ def _relax_kernels() -> dict[str, TirWorkload]:
     x, w, b = tensor("x", 1, 8, 10, 10), tensor("w", 16, 8, 3, 3), tensor("b", 1, 16, 1, 1)
     w2, a, m, bias = tensor("w2", 8, 8, 3, 3), tensor("a", 16, 32), tensor("m", 32, 24), tensor("bias", 24)
     dw, scale, grouped = tensor("dw", 16, 1, 3, 3), tensor("scale", 1, 16, 1, 1), tensor("grouped", 8, 4, 3, 3)
-    q, k, q4, k4 = tensor("q", 4, 8, 6), tensor("k", 4, 6, 8), tensor("q4", 2, 3, 8, 6), tensor("k4", 2, 3, 6, 5)
-    with bb.function("main", [x, w, b, w2, a, m, bias, dw, scale, grouped, q, k, q4, k4]):
+    q, k, q4, k4 = tensor("q", 4, 8, 6), tensor("k", 4, 6, 8), tensor("q4", 1, 3, 8, 6), tensor("k4", 1, 3, 6, 5)
+    rows, batches, proj = tensor("rows", 1, 5, 12), tensor("batches", 2, 5, 12), tensor("proj", 12, 20)
+    with bb.function("main", [x, w, b, w2, a, m, bias, dw, scale, grouped, q, k, q4, k4, rows, batches, proj]):
         with bb.dataflow():
             nn = relax.op.nn
             conv = bb.emit(nn.relu(relax.op.add(nn.conv2d(x, w, padding=1), b)))
@@ -427,7 +429,10 @@ def _relax_kernels() -> dict[str, TirWorkload]:
                      bb.emit(nn.max_pool2d(x, 3, 2, 0, ceil_mode=True))]
             scores = bb.emit(relax.op.multiply(relax.op.matmul(q, k), relax.const(0.125, "float32")))
             batched = bb.emit(relax.op.matmul(q4, k4))
-            out = bb.emit_output(relax.Tuple([conv, strided, dense, depthwise, group, *pools, scores, batched]))
+            one = relax.const(1.0, "float32")
+            linear = [bb.emit(relax.op.add(relax.op.matmul(seq, proj), one)) for seq in (rows, batches)]
+            out = bb.emit_output(relax.Tuple([conv, strided, dense, depthwise, group, *pools, scores, batched,
+                                              *linear]))
         bb.emit_func_output(out)
     passes = [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(), relax.transform.FoldConstant(),
               relax.transform.FuseOps(), relax.transform.FuseTIR()]
@@ -469,8 +474,12 @@ def test_fused_kernels_are_recognised_as_the_farm_operators_they_compute(
     assert pools == [("avg", 1, True), ("max", 1, False)]  # the ceil mode's output is not pool2d's
     batches = sorted((f.p["B"], f.p["M"], f.p["N"], f.p["K"], f.fuse_loops, f.stage("epilogue") is not None)
                      for f in found.values() if f is not None and f.name == "batch_matmul")
-    assert batches == [(4, 8, 8, 6, (), True), (6, 8, 5, 6, ((0, 2),), False)]
-    assert sum(f is None for f in found.values()) == 1
+    assert batches == [(3, 8, 5, 6, ((0, 2),), False), (4, 8, 8, 6, (), True)]
+    linear = next(f for f in found.values() if f is not None and f.name == "matmul" and f.fuse_loops)
+    assert (linear.p["M"], linear.p["N"], linear.p["K"], linear.fuse_loops) == (5, 20, 12, ((0, 2),))
+    # The ceil-mode pooling, and the linear layer on 2 sequences: its rows' two loops fused would not tile
+    # as boxes of its buffers (farm.core.fused.FusedOperator.fuse_loops).
+    assert sum(f is None for f in found.values()) == 2
 
 
 def test_hand_templates_schedule_fused_kernels_correctly(relax_kernels: dict[str, TirWorkload]) -> None:
@@ -490,7 +499,7 @@ def test_hand_templates_schedule_fused_kernels_correctly(relax_kernels: dict[str
                      "batch_matmul": "cuda.tiled", "depthwise_conv2d_nchw": "cuda.depthwise", "pool2d": "cuda.pool"}
     for workload in relax_kernels.values():
         operator = match_operator(workload)
-        if operator is None:  # the ceil-mode max pooling
+        if operator is None:  # the ceil-mode max pooling, the linear layer on two sequences
             continue
         task = Task(workload, LLVM)
         assert task.template.name == "llvm.tiled" and task.scheduled_as.source == workload

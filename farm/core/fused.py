@@ -5,7 +5,8 @@ convolution + batch norm + relu.
 `match_operator` reads a TIR workload's blocks: one reduction (the main computation), before it at
 most a padding block, after it only elementwise blocks. If the reduction is one of
 
-- a matmul, ``C[i, j] += A[i, k] * B[k, j]``, or a batch of them, ``C[b..., i, j] += A[b..., i, k] *
+- a matmul, ``C[i, j] += A[i, k] * B[k, j]``, also of a batch of rows, ``C[b..., i, j] += A[b..., i, k]
+  * B[k, j]`` (a linear layer on a sequence); or a batch of matmuls, ``C[b..., i, j] += A[b..., i, k] *
   B[b..., k, j]`` (one or more batch axes, the same in both inputs: an attention's scores and context);
 - an NCHW convolution, ``O[n, f, y, x] += P[n, c, y*s + r*d, x*s + q*d] * W[f, c, r, q]``;
 - a grouped one, ``O[n, f, y, x] += P[n, f // (CO/G) * (CI/G) + c, y*s + r, x*s + q] * W[f, c, r, q]``,
@@ -48,7 +49,9 @@ class FusedOperator(Workload):
     # Runs of the compute block's loops, (first, count), each fused into one loop so that the
     # templates find the loops of the workload they schedule: a depthwise convolution written as a
     # grouped one has a reduction loop of extent 1 before its window's (fused into the window's
-    # rows), a batch matmul may have several batch axes (fused into one).
+    # rows), a batch matmul may have several batch axes (fused into one), a linear layer a batch of
+    # sequences (fused into its rows). In each run at most one loop has an extent over 1
+    # (match_operator), so the fused loop is that loop and its tiles stay boxes of the buffers.
     fuse_loops: tuple[tuple[int, int], ...] = field(default=(), kw_only=True)
 
     def stage(self, role: str) -> str | None:
@@ -110,6 +113,11 @@ def match_operator(tir: TirWorkload) -> FusedOperator | None:
         return None
     if name == "pool2d" and values["kind"] == "avg" and not after:  # a sum: no average's division
         return None
+    extents = [int(v.dom.extent) for v in blocks[main].iter_vars]
+    if any(sum(e > 1 for e in extents[first:first + count]) > 1 for first, count in fuse):
+        # Two loops of extent > 1 fused into one: a tile of it is no box of the buffers, and TVM's
+        # regions (of a write cache, an epilogue computed at the tile) would take the box around it.
+        return None
     stages = [("compute", blocks[main].name_hint)]
     if before:
         stages.append(("pad", before[0].name_hint))
@@ -165,8 +173,9 @@ Match = tuple[str, dict[str, Any], tuple[tuple[int, int], ...]]
 
 
 def _matmul(block: Any, params: dict[str, Any]) -> Match | None:
-    """("matmul", ...) if `block` is C[i, j] += A[i, k] * B[k, j] over two of the kernel's inputs,
-    ("batch_matmul", ...) if it is C[b..., i, j] += A[b..., i, k] * B[b..., k, j]."""
+    """("matmul", ...) if `block` is C[i, j] += A[i, k] * B[k, j] over two of the kernel's inputs, or
+    C[b..., i, j] += A[b..., i, k] * B[k, j] (a linear layer on a batch of rows: the rows' loops fused
+    into one); ("batch_matmul", ...) if it is C[b..., i, j] += A[b..., i, k] * B[b..., k, j]."""
     iters = [(v.var.name, int(v.dom.extent), int(v.iter_type)) for v in block.iter_vars]
     if len(iters) < 3 or [t for _, _, t in iters] != [0] * (len(iters) - 1) + [2]:
         return None
@@ -177,11 +186,14 @@ def _matmul(block: Any, params: dict[str, Any]) -> Match | None:
         return None
     (_, a_idx, a_buf), (_, b_idx, b_buf) = reads
     same = [{b: 1} for b, _, _ in batch]
-    if a_idx != [*same, {i: 1}, {k: 1}] or b_idx != [*same, {k: 1}, {j: 1}] or _dtype(a_buf) != _dtype(b_buf):
+    shared = b_idx == [{k: 1}, {j: 1}]  # one B for every batch
+    if a_idx != [*same, {i: 1}, {k: 1}] or (b_idx != [*same, {k: 1}, {j: 1}] and not shared) or \
+            _dtype(a_buf) != _dtype(b_buf):
         return None
-    if not batch:
-        return "matmul", {"M": m, "N": n, "K": kk, "dtype": _dtype(a_buf)}, ()
     size = math.prod(extent for _, extent, _ in batch)
+    if shared:  # a matmul, of the batches' rows together where there are batches
+        return "matmul", {"M": size * m, "N": n, "K": kk, "dtype": _dtype(a_buf)}, \
+            ((0, len(batch) + 1),) if batch else ()
     return ("batch_matmul", {"B": size, "M": m, "N": n, "K": kk, "dtype": _dtype(a_buf)},
             ((0, len(batch)),) if len(batch) > 1 else ())
 
