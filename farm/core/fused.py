@@ -200,7 +200,7 @@ def _matmul(block: Any, params: dict[str, Any]) -> Match | None:
 
 def _windowed(block: Any, pad: Any | None, params: dict[str, Any]) -> Match | None:
     """The convolution or pooling `block` computes (the module's doc) over a kernel input `data`,
-    padded by the block `pad` if there is one: (workload name, params), or None."""
+    padded by the block `pad` if there is one, as a `Match`; None if it is neither."""
     from tvm import tirx
 
     iters = [(v.var, int(v.dom.extent), int(v.iter_type)) for v in block.iter_vars]

@@ -440,26 +440,20 @@ def _group_ref(p: Mapping[str, Any], xs: list[np.ndarray]) -> np.ndarray:
 
 
 def _matmul_te(p: Mapping[str, Any]) -> list[Any]:
+    """A matmul's computation, or a batch of them where `p` has a batch size ``B`` (batch_matmul)."""
     from tvm import te
 
-    a = te.placeholder((p["M"], p["K"]), p["dtype"], name="A")
-    b = te.placeholder((p["K"], p["N"]), p["dtype"], name="B")
+    batch = (p["B"],) if "B" in p else ()
+    a = te.placeholder((*batch, p["M"], p["K"]), p["dtype"], name="A")
+    b = te.placeholder((*batch, p["K"], p["N"]), p["dtype"], name="B")
     k = te.reduce_axis((0, p["K"]), name="k")
     acc = ACCUMULATOR[p["dtype"]]
-    c = te.compute((p["M"], p["N"]), lambda i, j: te.sum(a[i, k].astype(acc) * b[k, j].astype(acc), axis=k),
-                   name="compute")
-    return [a, b, _epilogue_te(c, p["dtype"])]
-
-
-def _batch_matmul_te(p: Mapping[str, Any]) -> list[Any]:
-    from tvm import te
-
-    a = te.placeholder((p["B"], p["M"], p["K"]), p["dtype"], name="A")
-    b = te.placeholder((p["B"], p["K"], p["N"]), p["dtype"], name="B")
-    k = te.reduce_axis((0, p["K"]), name="k")
-    acc = ACCUMULATOR[p["dtype"]]
-    c = te.compute((p["B"], p["M"], p["N"]),
-                   lambda n, i, j: te.sum(a[n, i, k].astype(acc) * b[n, k, j].astype(acc), axis=k), name="compute")
+    if batch:
+        c = te.compute((*batch, p["M"], p["N"]),
+                       lambda n, i, j: te.sum(a[n, i, k].astype(acc) * b[n, k, j].astype(acc), axis=k), name="compute")
+    else:
+        c = te.compute((p["M"], p["N"]), lambda i, j: te.sum(a[i, k].astype(acc) * b[k, j].astype(acc), axis=k),
+                       name="compute")
     return [a, b, _epilogue_te(c, p["dtype"])]
 
 
@@ -550,7 +544,7 @@ WORKLOADS: dict[str, WorkloadDef] = {
             check=_no_check,
             input_shapes=lambda p: [(p["B"], p["M"], p["K"]), (p["B"], p["K"], p["N"])],
             output_shape=lambda p: (p["B"], p["M"], p["N"]),
-            build_te=_batch_matmul_te,
+            build_te=_matmul_te,
             reference=lambda p, xs: xs[0] @ xs[1],
             reduce_extents=lambda p: (p["K"],),
             ops_per_point=2,
