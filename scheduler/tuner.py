@@ -106,6 +106,9 @@ KEEP_SEARCHES = 4
 # devices waiting for its first builds and ends with a retraining, so slices much shorter than
 # that spend a large part of their time on both (Ansor and MetaSchedule hand out 64 at a time too).
 MIN_SLICE = 64
+# A model job's slices open at once (_allocate): the one being measured to its end, and the next one,
+# whose candidates the workers build meanwhile. Each holds its task's searches: fewer than KEEP_SEARCHES.
+OPEN_SLICES = 2
 # The job spec's allocation that moves a model job's budget between its tasks (farm.core.allocation).
 GRADIENT = "gradient"
 # How often a model job's estimated latency is read from the store for the metrics while a slice runs.
@@ -169,23 +172,13 @@ def run_job(
                 if spec.get("allocation") == GRADIENT:
                     return _allocate(tasks, rows, spec)
                 for number, row in enumerate(rows):
-                    if tasks.run(number, row).status == "cancelled":
+                    if tasks.run(number, row) == "cancelled":
                         return "cancelled"
                 return "done"
             finally:
                 tasks.close()
     finally:
         metrics.clear_job(job_id)
-
-
-@dataclass
-class _Ran:
-    """What one run of a task's loop ended with."""
-
-    status: str
-    trials: int
-    best: float | None
-    exhausted: bool
 
 
 class _Tasks:
@@ -201,8 +194,13 @@ class _Tasks:
         self.devices: set[str] = set()  # the devices this job's trials ran on so far
         self._searches: dict[int, tuple[Task, ShardSearches]] = {}  # task id -> its searches, oldest first
 
-    def run(self, number: int, row: dict[str, Any], on_result: Callable[[], None] | None = None) -> _Ran:
-        """Run task `row` (the `number`th of the job) to `row["budget"]`; `on_result` after each chunk."""
+    def run(self, number: int, row: dict[str, Any]) -> str:
+        """Run task `row` (the `number`th of the job) to `row["budget"]`; "done" or "cancelled"."""
+        return self.start(number, row).run(self.stall_seconds)
+
+    def start(self, number: int, row: dict[str, Any], on_result: Callable[[], None] | None = None) -> _TaskLoop:
+        """The loop that runs task `row` (the `number`th of the job) to `row["budget"]`, not yet run;
+        `on_result` after each chunk."""
         task, searches = self._searches_of(row)
         job_id = self.job_id
 
@@ -218,11 +216,9 @@ class _Tasks:
                 self.on_progress(Progress(number, self.count, task, done, row["budget"], best, last))
 
         strategy, options = parse_search(self.search)
-        loop = _TaskLoop(self.store, self.writer, job_id, row, task, self.pool, searches, self.batch_size, report,
+        return _TaskLoop(self.store, self.writer, job_id, row, task, self.pool, searches, self.batch_size, report,
                          self.store.trial_count(row["id"]), self.should_stop, guided=strategy.guided,
                          refresh=int(options.get("refresh", 0)))
-        status = loop.run(self.stall_seconds)
-        return _Ran(status, loop.done, loop.best, loop.exhausted)
 
     def _searches_of(self, row: dict[str, Any]) -> tuple[Task, ShardSearches]:
         if row["id"] in self._searches:
@@ -251,6 +247,12 @@ def _allocate(tasks: _Tasks, rows: list[dict[str, Any]], spec: dict[str, Any]) -
     least MIN_SLICE, less where the budget is too small to give each task one) at a time, each task's
     first slice in turn, then where the model's latency is expected to fall most.
 
+    Slices overlap: once a slice has handed out its whole budget (or waits for its task's first model),
+    the next one starts, at most OPEN_SLICES at a time, so that the workers build the next task's
+    candidates while they measure the last of the one before, and a device does not idle through a
+    switch of tasks (docs/defaults.md#overlapping-slices). A task gets no new slice while one of its own
+    is open.
+
     A task tuned before (its kernel, target and template version, by another job, on a device this
     job measures on) is not tuned again unless the spec says ``retune``: its fastest trial is copied
     into this job (origin ``reused``), so its export, status and the model's latency have it. Tasks
@@ -258,7 +260,7 @@ def _allocate(tasks: _Tasks, rows: list[dict[str, Any]], spec: dict[str, Any]) -
     store, job_id = tasks.store, tasks.job_id
     fixed = [row for row in rows if row["budget"] > 0]
     for number, row in enumerate(rows):
-        if row["budget"] > 0 and tasks.run(number, row).status == "cancelled":
+        if row["budget"] > 0 and tasks.run(number, row) == "cancelled":
             return "cancelled"
     free = [(number, row) for number, row in enumerate(rows) if row["budget"] == 0]
     prior = {row["id"]: [] if spec.get("retune") else _reusable(store, row) for _, row in free}
@@ -269,6 +271,8 @@ def _allocate(tasks: _Tasks, rows: list[dict[str, Any]], spec: dict[str, Any]) -
     # every task a first one.
     slice_trials = max(1, min(max(MIN_SLICE, tasks.pool.size * tasks.batch_size), budget // max(1, len(states))))
     allocation = GradientAllocation(states, budget, slice_trials, seed=tasks.seed)
+    slices: dict[_TaskLoop, int] = {}  # each open slice's loop -> its task's index in `free`
+    statuses: list[str] = []
     reported = [0.0]
 
     def reporter() -> None:  # the model's latency while a slice runs, at most every MODEL_REPORT_SECONDS
@@ -276,28 +280,43 @@ def _allocate(tasks: _Tasks, rows: list[dict[str, Any]], spec: dict[str, Any]) -
             reported[0] = time.monotonic()
             _report_model(store, job_id)
 
-    while (step := allocation.next()) is not None:
-        index, grant = step
-        number, row = free[index]
-        state = states[index]
-        if state.trials == 0 and (record := _on_devices(prior[row["id"]], tasks.devices)) is not None:
-            _reuse(store, tasks.writer, row, record)
-            allocation.reuse(index, record["latency"])
-            log.info("task %s: %s reused from job %s (%.2f us on %s), not tuned again", row["id"],
-                     workload_label(row["workload"], params=False), record["job_id"], record["latency"] * 1e6,
-                     record["device"])
-            continue
-        row["budget"] += grant
-        store.set_task_budget(row["id"], row["budget"])
-        ran = tasks.run(number, row, on_result=reporter)
-        if ran.status == "cancelled":
-            return "cancelled"
-        if ran.exhausted or ran.trials < row["budget"]:  # its space ran out: the rest of the grant goes back
-            row["budget"] = ran.trials
-            store.set_task_budget(row["id"], ran.trials)
-        allocation.observe(index, ran.trials, ran.best, ran.exhausted)
+    def more() -> _TaskLoop | None:
+        """The next slice's loop, if one may start now."""
+        if "cancelled" in statuses or len(slices) >= OPEN_SLICES:
+            return None
+        if slices and (not tasks.devices or not all(loop.handed_out() for loop in slices)):
+            return None  # the open slices still hand out work, or the job's devices are not known yet
+        while (step := allocation.next()) is not None:
+            index, grant = step
+            number, row = free[index]
+            if states[index].trials == 0 and (record := _on_devices(prior[row["id"]], tasks.devices)) is not None:
+                _reuse(store, tasks.writer, row, record)
+                allocation.reuse(index, record["latency"])
+                log.info("task %s: %s reused from job %s (%.2f us on %s), not tuned again", row["id"],
+                         workload_label(row["workload"], params=False), record["job_id"], record["latency"] * 1e6,
+                         record["device"])
+                continue
+            row["budget"] += grant
+            store.set_task_budget(row["id"], row["budget"])
+            loop = tasks.start(number, row, on_result=reporter)
+            slices[loop] = index
+            return loop
+        return None
+
+    def ended(loop: _TaskLoop) -> None:
+        index = slices.pop(loop)
+        statuses.append(loop.status)
+        if loop.status == "cancelled":
+            return
+        row = loop.row
+        if loop.exhausted or loop.done < row["budget"]:  # its space ran out: the rest of the grant goes back
+            row["budget"] = loop.done
+            store.set_task_budget(row["id"], loop.done)
+        allocation.observe(index, loop.done, loop.best, loop.exhausted)
         _report_model(store, job_id)
-    return "done"
+
+    _drive([], tasks.stall_seconds, more, ended)
+    return "cancelled" if "cancelled" in statuses else "done"
 
 
 def _report_model(store: ResultStore, job_id: int) -> None:
@@ -393,6 +412,10 @@ class _TaskLoop:
         self.round_started = self.started_at = time.monotonic()
         self.first_results_at: float | None = None  # this run's (a model job's slice's) first results
         self.last_retraining_s = 0.0  # this run's wait for its last round's retraining, once its budget was in
+        self.retraining_waited_from: float | None = None
+        # Candidates the job's other open slices have in flight on a worker (a model job's, _Slices): its
+        # room is shared with them.
+        self.others: Callable[[int], int] = lambda worker: 0
         self.exhausted = False
         self.no_worker_since: float | None = None  # since when no worker could take work
         self.cancelled = self._stopped()
@@ -409,73 +432,91 @@ class _TaskLoop:
 
     def run(self, stall_seconds: float) -> str:
         """Run the task to its budget; "done" or "cancelled"."""
-        polled = time.monotonic()
-        try:
-            last_event = time.monotonic()  # the stall watchdog's clock
-            while True:
-                if self.cancelled and (not self.running or time.monotonic() >= self.stop_by):
-                    break  # the chunks still out are left: the pool stopped them, nothing waits for them
-                self._fill()
-                if self._complete() or (not self.proposals and not self.running):
-                    if not (self._complete() or self.cancelled or self._waiting_for_model()
-                            or (not self.retry and (self.exhausted or self._left() <= 0))):
-                        self._wait_for_a_worker(stall_seconds)  # work is left, but no worker can take it
-                        continue
-                    if self.retraining is not None:
-                        waited = time.monotonic()
-                        self._retrained()  # waits for it
-                        self.last_retraining_s += time.monotonic() - waited
-                    elif self.round_results:
-                        self._close_round()  # the last, partial round
-                    else:
-                        break
-                    continue
-                self.no_worker_since = None
-                waiting: list[cf.Future[Any]] = [*self.proposals, *self.running]
-                waiting += [f for f in (self.retraining, self.refreshing) if f is not None]
-                # Waking to ask whether to stop, and for the end game, when a worker's grace ends.
-                next_poll = max(0.0, polled + CANCEL_POLL_SECONDS - time.monotonic())
-                end_game = self._end_game_wake()
-                wake = next_poll if end_game is None else min(next_poll, end_game)
-                finished, _ = cf.wait(waiting, timeout=wake, return_when=cf.FIRST_COMPLETED)
-                if time.monotonic() - polled >= CANCEL_POLL_SECONDS:
-                    polled = time.monotonic()
-                    self._poll_stop()
-                    if not self.cancelled:  # stopping: Ray itself may be going (a signal to the process group)
-                        self._grow()
-                if not finished:
-                    if time.monotonic() - last_event >= stall_seconds:
-                        # The watchdog: say so and keep waiting (a hang ends as a timeout result).
-                        log.warning("task %s: nothing finished in %.0f s (%d chunks running)", self.task,
-                                    stall_seconds, len(self.running))
-                        last_event = time.monotonic()
-                    continue
-                last_event = time.monotonic()
-                for future in finished:
-                    if future is self.retraining:
-                        self._retrained()
-                    elif future is self.refreshing:
-                        self._refreshed()
-                    elif future in self.proposals:
-                        self._proposed(future)
-                    elif future in self.running:  # not one the stop dropped meanwhile
-                        self._measured(future)
-                if len(self.round_results) >= self.round_size:
-                    self._close_round()
-                elif self._refresh_due():
-                    self._refresh()
-                self._queue_metrics()
-        finally:
-            # A stopped task does not wait for a retraining under way: its model is saved if the
-            # process lives on (a service), and an exiting process does not wait for it either.
-            self._trainer.shutdown(wait=not self.cancelled, cancel_futures=True)
+        _drive([self], stall_seconds)
+        return self.status
+
+    # --- the loop's steps, driven by _drive (one task) or _Slices (a model job's slices) --------
+
+    @property
+    def status(self) -> str:
+        return "cancelled" if self.cancelled else "done"
+
+    def settle(self, stall_seconds: float) -> bool:
+        """Hand out what there is room for and close what is due; True once the task's run has ended
+        (budget measured and its last round retrained, space exhausted, or stopped)."""
+        if self.cancelled and (not self.running or time.monotonic() >= self.stop_by):
+            return True  # the chunks still out are left: the pool stopped them, nothing waits for them
+        self._fill()
+        if not (self._complete() or (not self.proposals and not self.running)):
+            self.no_worker_since = None
+            return False
+        if not (self._complete() or self.cancelled or self._waiting_for_model() or self._handed_out()):
+            # Work is left, but nothing could be handed out: no worker can take work, or (a model job's
+            # overlapping slices) every worker's room is taken by another slice, whose results free it.
+            if not any(self.pool.ready(w) for w in range(self.pool.size)):
+                self._wait_for_a_worker(stall_seconds)
+            return False
+        if self.retraining is not None:  # waited for among the loop's futures
+            if self.retraining_waited_from is None:
+                self.retraining_waited_from = time.monotonic()
+            return False
+        if self.round_results:
+            self._close_round()  # the last, partial round
+            return False
+        return True
+
+    def handed_out(self) -> bool:
+        """Whether the loop has nothing more to hand out for now: its budget all handed out, its space
+        exhausted, stopped, or waiting for its first model (a model job starts its next slice then)."""
+        return self.cancelled or self._handed_out() or self._waiting_for_model()
+
+    def _handed_out(self) -> bool:
+        return not self.retry and (self.exhausted or self._left() <= 0)
+
+    def waiting(self) -> list[cf.Future[Any]]:
+        """The futures whose ends move the loop on."""
+        waiting: list[cf.Future[Any]] = [*self.proposals, *self.running]
+        return waiting + [f for f in (self.retraining, self.refreshing) if f is not None]
+
+    def wake(self) -> float | None:
+        """Seconds until the loop must look again with nothing finished (an end-game grace); None: never."""
+        return self._end_game_wake()
+
+    def poll(self) -> None:
+        """Ask whether the job must stop; take in the workers that joined."""
+        self._poll_stop()
+        if not self.cancelled:  # stopping: Ray itself may be going (a signal to the process group)
+            self._grow()
+
+    def advance(self, finished: set[cf.Future[Any]]) -> None:
+        """Take in the loop's futures among `finished`; close the round or refresh the model when due."""
+        for future in [*self.proposals, *self.running, self.retraining, self.refreshing]:
+            if future is None or future not in finished:
+                continue
+            if future is self.retraining:
+                self._retrained()
+            elif future is self.refreshing:
+                self._refreshed()
+            elif future in self.proposals:
+                self._proposed(future)
+            elif future in self.running:  # not one the stop dropped meanwhile
+                self._measured(future)
+        if len(self.round_results) >= self.round_size:
+            self._close_round()
+        elif self._refresh_due():
+            self._refresh()
+
+    def finish(self) -> None:
+        """End the run: stop its retraining thread, and log where its time went."""
+        # A stopped task does not wait for a retraining under way: its model is saved if the
+        # process lives on (a service), and an exiting process does not wait for it either.
+        self._trainer.shutdown(wait=not self.cancelled, cancel_futures=True)
         if self.refresh:
             log.info("task %s: cost model refreshed %d times between rounds", self.task_id, self.refreshes)
         first = f"{self.first_results_at - self.started_at:.1f} s" if self.first_results_at is not None else "never"
         log.info("task %s: ran to %d trials in %.1f s: first results after %s, %.1f s waiting for its last "
                  "retraining", self.task_id, self.done, time.monotonic() - self.started_at, first,
                  self.last_retraining_s)
-        return "cancelled" if self.cancelled else "done"
 
     def _stopped(self) -> bool:
         return self.should_stop() or self.store.job_status(self.job_id) == "cancelled"
@@ -498,11 +539,13 @@ class _TaskLoop:
         return self.budget - self.done - sum(self.in_flight) - sum(len(c.indices) for c in self.retry)
 
     def _room(self, worker: int) -> int:
-        """Candidates `worker` may still be given: its lead, or the bridge's while the first model is
-        waited for (module docstring), less what it has in flight."""
+        """Candidates `worker` may still be given: its lead less what it has in flight (for this task and
+        the job's other open slices), or less while the first model is waited for: the bridge's (module
+        docstring)."""
+        room = self.leads[worker].size - self.in_flight[worker] - self.others(worker)
         if self.unguided_left == 0:
-            return min(BRIDGE_CHUNKS * self.chunk - self.in_flight[worker], self.bridge_left[worker])
-        return self.leads[worker].size - self.in_flight[worker]
+            room = min(room, BRIDGE_CHUNKS * self.chunk - self.in_flight[worker], self.bridge_left[worker])
+        return room
 
     def _waiting_for_model(self) -> bool:
         """Whether nothing may be handed out until the first model arrives: its round and the bridges of
@@ -515,7 +558,7 @@ class _TaskLoop:
         emptiest first gives every worker work before any gets more, and spreads a budget's
         last trials over all of them."""
         ready = [w for w in range(len(self.in_flight)) if self.pool.ready(w)]
-        worker = min(ready, key=self.in_flight.__getitem__, default=None)
+        worker = min(ready, key=lambda w: self.in_flight[w] + self.others(w), default=None)
         return worker if worker is not None and self._room(worker) > 0 else None
 
     def _fill(self) -> None:
@@ -570,12 +613,13 @@ class _TaskLoop:
     def _idle(self) -> dict[int, float]:
         """In the end game, the workers that may stand in (ready, results returned) and the seconds
         each has returned nothing (no result, no stand-in handed to it): idle, or waiting on its own
-        slow builds while its device idles; none outside it."""
+        slow builds while its device idles; none outside it. A worker with another slice's candidates in
+        flight is not idle: its device has those to measure."""
         if not self._end_game():
             return {}
         now = time.monotonic()
         return {w: now - since for w, since in enumerate(self.quiet_since) if since is not None
-                and self.returned[w] and self.pool.ready(w)}
+                and self.returned[w] and self.pool.ready(w) and not self.others(w)}
 
     def _stand_ins(self) -> list[int]:
         """The workers that stand in for the last chunks out now: quiet END_GAME_GRACE seconds."""
@@ -605,9 +649,11 @@ class _TaskLoop:
         self._grow()
 
     def _grow(self) -> None:
-        """Hand work to the workers that joined the pool (see the module docstring)."""
-        added = self.pool.grow()
-        if added:
+        """Hand work to the workers that joined the pool (see the module docstring), whichever of the
+        job's open slices asked the pool."""
+        self.pool.grow()
+        added = self.pool.size - len(self.in_flight)
+        if added > 0:
             self.in_flight += [0] * added
             self.returned += [False] * added
             self.quiet_since += [None] * added
@@ -718,6 +764,9 @@ class _TaskLoop:
         assert self.retraining is not None
         trained = self.retraining.result()
         self.retraining = None
+        if self.retraining_waited_from is not None:
+            self.last_retraining_s += time.monotonic() - self.retraining_waited_from
+            self.retraining_waited_from = None
         round_, done, best, guided_by = self.closing
         metrics.observe_retrain(self.job_id, self.task_id, trained.training_seconds, trained.rank_corr)
         metrics.observe_round(self.task.target.kind, time.monotonic() - self.round_started)
@@ -732,13 +781,69 @@ class _TaskLoop:
         """Whether the searches have a trained model to follow."""
         return self.current is not None and self.current.model.trained
 
-    def _queue_metrics(self) -> None:
-        """Per worker: candidates handed to it (in flight) and those its search is proposing (queued)."""
-        handed = [0] * self.pool.size
-        for chunk in self.running.values():
+
+def _drive(loops: list[_TaskLoop], stall_seconds: float, more: Callable[[], _TaskLoop | None] = lambda: None,
+           ended: Callable[[_TaskLoop], None] = lambda loop: None) -> None:
+    """Run the task loops of `loops` together in this thread, each fed by the events of its own futures,
+    until every one has ended (`ended(loop)` after each, once it is finished). `more()`, asked after each
+    event, may open another loop (a model job's next slice: _Slices), which shares the workers' room with
+    the others. Every loop still open is finished however this ends."""
+    polled = last_event = time.monotonic()
+
+    def others(me: _TaskLoop) -> Callable[[int], int]:
+        return lambda w: sum(loop.in_flight[w] for loop in loops if loop is not me and w < len(loop.in_flight))
+
+    for loop in loops:
+        loop.others = others(loop)
+    try:
+        while True:
+            for loop in [loop for loop in loops if loop.settle(stall_seconds)]:
+                loops.remove(loop)
+                loop.finish()
+                ended(loop)
+            if (new := more()) is not None:
+                new.others = others(new)
+                loops.append(new)
+                continue
+            if not loops:
+                return
+            waiting = [future for loop in loops for future in loop.waiting()]
+            # Waking to ask whether to stop, and for the end game, when a worker's grace ends.
+            wake = max(0.0, polled + CANCEL_POLL_SECONDS - time.monotonic())
+            wake = min([wake, *(w for loop in loops if (w := loop.wake()) is not None)])
+            finished, _ = cf.wait(waiting, timeout=wake, return_when=cf.FIRST_COMPLETED)
+            if time.monotonic() - polled >= CANCEL_POLL_SECONDS:
+                polled = time.monotonic()
+                for loop in loops:
+                    loop.poll()
+            if not finished:
+                if time.monotonic() - last_event >= stall_seconds:
+                    # The watchdog: say so and keep waiting (a hang ends as a timeout result).
+                    log.warning("tasks %s: nothing finished in %.0f s (%d chunks running)",
+                                ", ".join(str(loop.task) for loop in loops), stall_seconds,
+                                sum(len(loop.running) for loop in loops))
+                    last_event = time.monotonic()
+                continue
+            last_event = time.monotonic()
+            for loop in loops:
+                loop.advance(finished)
+            _queue_metrics(loops)
+    finally:
+        for loop in loops:
+            loop.finish()
+
+
+def _queue_metrics(loops: list[_TaskLoop]) -> None:
+    """Per worker: candidates handed to it (in flight) and those its searches are proposing (queued)."""
+    pool = loops[0].pool
+    handed, queued = [0] * pool.size, [0] * pool.size
+    for loop in loops:
+        for chunk in loop.running.values():
             handed[chunk.worker] += len(chunk.indices)
-        for worker, name in enumerate(self.pool.names):
-            metrics.set_worker_queue(name, handed[worker], self.in_flight[worker] - handed[worker])
+        for worker, n in loop.proposals.values():
+            queued[worker] += n
+    for worker, name in enumerate(pool.names):
+        metrics.set_worker_queue(name, handed[worker], queued[worker])
 
 
 def _steal(searches: ShardSearches, n: int) -> tuple[int, Proposal]:

@@ -4,7 +4,9 @@ against its framework, and bad input refused in one line with nothing written.""
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
 import sqlite3
 import subprocess
 import sys
@@ -195,6 +197,19 @@ def test_a_task_whose_configs_all_fail_gets_two_slices_then_none() -> None:
     assert states[1].trials == FAILING_SLICES * 10 and states[0].trials == 100 - states[1].trials
 
 
+def test_slices_asked_for_while_others_are_out_are_not_handed_out_twice() -> None:
+    """The scheduler asks for the next slice before the last one's outcome is known: a task with a
+    slice out gets no other, and the trials out count against the budget until their outcome comes."""
+    states = [TaskState(weight=1, flops=10**6, family="a") for _ in range(3)]
+    plan = GradientAllocation(states, budget=25, slice_trials=10)
+    assert plan.next() == (0, 10) and plan.next() == (1, 10) and plan.next() == (2, 5)
+    assert plan.next() is None  # the budget is all out
+    plan.observe(1, 4, 1e-3, exhausted=True)  # a small space: 6 of its trials come back
+    assert plan.next() is None  # tasks 0 and 2 have slices out, task 1 is spent
+    plan.observe(0, 10, 1e-3, exhausted=False)
+    assert plan.next() == (0, 6)
+
+
 def test_model_latency_sums_weighted_kernels_fastest_template() -> None:
     tasks = [{"workload_key": "k1", "workload": {"name": "tir", "params": {"func": "conv"}}, "weight": 2,
               "best_latency": 3e-6, "trials": 10},
@@ -228,6 +243,7 @@ def test_tune_a_model_build_it_and_reuse_its_kernels(tmp_path: Path) -> None:
                                "FROM tasks LEFT JOIN trials ON trials.task_id = tasks.id GROUP BY tasks.id").fetchall()
     assert sum(n for _, _, n, _ in per_task) == 24  # the job's budget, exactly
     assert all(n == distinct == budget and n > 0 for _, budget, n, distinct in per_task)  # each kernel tuned
+    assert _overlapping_slices(tmp_path / "farm.db", 1)  # the next slice builds while the last one measures
     proc = farm("status", "1", "--db", db, cwd=tmp_path)
     assert proc.returncode == 0 and "estimated model latency (Σ calls x best): " in proc.stdout, proc.stderr
     assert "- (a kernel has no" not in proc.stdout
@@ -323,6 +339,22 @@ def test_depthwise_grouped_pooling_and_attention_kernels_tune_on_the_hand_templa
     assert proc.returncode == 0, proc.stderr
     assert f"{len(templates)} of {len(templates)} kernels from tuning" in proc.stdout
     assert "outputs match PyTorch eager" in proc.stdout
+
+
+def _overlapping_slices(db: Path, job_id: int) -> int:
+    """How many of the job's tasks had a candidate built before the task tuned before it had its last
+    candidate measured (scheduler.tuner._allocate overlaps slices), from the trials' timelines."""
+    with sqlite3.connect(db) as con:
+        rows = con.execute("SELECT trials.task_id, trials.timeline FROM trials JOIN tasks ON tasks.id = trials.task_id "
+                           "WHERE tasks.job_id = ?", (job_id,)).fetchall()
+    first_build: dict[int, float] = {}
+    last_measured: dict[int, float] = {}
+    for task, timeline in rows:
+        times = json.loads(timeline)
+        first_build[task] = min(first_build.get(task, math.inf), times["build"][0])
+        last_measured[task] = max(last_measured.get(task, 0.0), times["measure"][1])
+    order = sorted(first_build, key=first_build.__getitem__)
+    return sum(first_build[b] < last_measured[a] for a, b in itertools.pairwise(order))
 
 
 def _job(folder: Path, job_id: int) -> list[dict[str, Any]]:

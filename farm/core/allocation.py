@@ -21,7 +21,9 @@ to TVM's default schedule and says so. With probability EPSILON a slice
 goes to a task at random among those that can take one, so that no estimate starves a task forever.
 Tasks with a budget the user fixed, and tasks reused from earlier jobs, are outside the allocation.
 
-Pure logic: the scheduler (scheduler.tuner) tells it each slice's outcome and asks for the next.
+Pure logic: the scheduler (scheduler.tuner) tells it each slice's outcome and asks for the next. It may
+ask while slices are out (the scheduler overlaps them): their trials are not handed out twice, and a
+task with a slice out gets no other until that one's outcome is known.
 """
 
 from __future__ import annotations
@@ -56,15 +58,18 @@ class GradientAllocation:
 
     def __init__(self, states: list[TaskState], budget: int, slice_trials: int, seed: int = 0) -> None:
         self.states = states
-        self.left = budget
+        self.left = budget  # trials not yet measured
         self.slice = max(1, slice_trials)
+        self.out: dict[int, int] = {}  # task index -> trials of its slice out (handed out, outcome unknown)
         self._rng = random.Random(seed)
 
     def next(self) -> tuple[int, int] | None:
-        """(task index, trials) of the next slice, or None when the budget or every space is spent."""
-        open_ = [i for i, s in enumerate(self.states)
-                 if not s.exhausted and (s.best is not None or s.trials < FAILING_SLICES * self.slice)]
-        if self.left <= 0 or not open_:
+        """(task index, trials) of the next slice, or None when the budget or every space is spent, or
+        every task that may take one has a slice out."""
+        open_ = [i for i, s in enumerate(self.states) if i not in self.out and not s.exhausted
+                 and (s.best is not None or s.trials < FAILING_SLICES * self.slice)]
+        left = self.left - sum(self.out.values())
+        if left <= 0 or not open_:
             return None
         cold = [i for i in open_ if self.states[i].trials == 0]
         if cold:
@@ -73,10 +78,12 @@ class GradientAllocation:
             index = self._rng.choice(open_)
         else:
             index = max(open_, key=lambda i: (self.gradient(i), -i))
-        return index, min(self.slice, self.left)
+        self.out[index] = min(self.slice, left)
+        return index, self.out[index]
 
     def reuse(self, index: int, best: float) -> None:
         """Task `index` takes an earlier job's record (`best` seconds): it needs no trial of this job."""
+        self.out.pop(index, None)
         state = self.states[index]
         state.best, state.exhausted = best, True
         state.history.append((state.trials, best))
@@ -85,6 +92,7 @@ class GradientAllocation:
         """A slice given to task `index` ended: it has `trials` now (those it measured in the slice
         come off the budget), `best` its fastest (seconds, None if none ran correctly), `exhausted`
         whether its space is spent."""
+        self.out.pop(index, None)
         state = self.states[index]
         self.left -= trials - state.trials
         state.trials, state.best, state.exhausted = trials, best, exhausted
