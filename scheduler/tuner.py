@@ -413,7 +413,7 @@ class _TaskLoop:
         self.first_results_at: float | None = None  # this run's (a model job's slice's) first results
         self.last_retraining_s = 0.0  # this run's wait for its last round's retraining, once its budget was in
         self.retraining_waited_from: float | None = None
-        # Candidates the job's other open slices have in flight on a worker (a model job's, _Slices): its
+        # Candidates the job's other open slices have in flight on a worker (a model job's, _allocate): its
         # room is shared with them.
         self.others: Callable[[int], int] = lambda worker: 0
         self.exhausted = False
@@ -435,7 +435,7 @@ class _TaskLoop:
         _drive([self], stall_seconds)
         return self.status
 
-    # --- the loop's steps, driven by _drive (one task) or _Slices (a model job's slices) --------
+    # --- the loop's steps, driven by _drive, alone or beside a model job's other slices ---
 
     @property
     def status(self) -> str:
@@ -450,7 +450,7 @@ class _TaskLoop:
         if not (self._complete() or (not self.proposals and not self.running)):
             self.no_worker_since = None
             return False
-        if not (self._complete() or self.cancelled or self._waiting_for_model() or self._handed_out()):
+        if not (self._complete() or self.cancelled or self._waiting_for_model() or self._all_handed_out()):
             # Work is left, but nothing could be handed out: no worker can take work, or (a model job's
             # overlapping slices) every worker's room is taken by another slice, whose results free it.
             if not any(self.pool.ready(w) for w in range(self.pool.size)):
@@ -468,9 +468,10 @@ class _TaskLoop:
     def handed_out(self) -> bool:
         """Whether the loop has nothing more to hand out for now: its budget all handed out, its space
         exhausted, stopped, or waiting for its first model (a model job starts its next slice then)."""
-        return self.cancelled or self._handed_out() or self._waiting_for_model()
+        return self.cancelled or self._all_handed_out() or self._waiting_for_model()
 
-    def _handed_out(self) -> bool:
+    def _all_handed_out(self) -> bool:
+        """Whether the budget is all handed out (none to measure again), or the space exhausted."""
         return not self.retry and (self.exhausted or self._left() <= 0)
 
     def waiting(self) -> list[cf.Future[Any]]:
@@ -786,7 +787,7 @@ def _drive(loops: list[_TaskLoop], stall_seconds: float, more: Callable[[], _Tas
            ended: Callable[[_TaskLoop], None] = lambda loop: None) -> None:
     """Run the task loops of `loops` together in this thread, each fed by the events of its own futures,
     until every one has ended (`ended(loop)` after each, once it is finished). `more()`, asked after each
-    event, may open another loop (a model job's next slice: _Slices), which shares the workers' room with
+    event, may open another loop (a model job's next slice: _allocate), which shares the workers' room with
     the others. Every loop still open is finished however this ends."""
     polled = last_event = time.monotonic()
 
