@@ -105,6 +105,10 @@ class MemoDevice:
         """The worker contract (scheduler.local_pool.BatchWorker), memoised."""
         return [replace(r, shard=shard) for r in self.measure(task, indices, round_)]
 
+    def device_name(self) -> str:
+        """The device's, as its results name it."""
+        return self.device.device_name()
+
     def cancel(self) -> None:
         """Nothing to stop: a call returns at once, from the cache or after measuring in full."""
 

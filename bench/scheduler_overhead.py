@@ -40,7 +40,11 @@ class InstantWorker:
 
     def build_and_measure(self, task: Task, indices: list[int], shard: int = 0, round_: int = 0) -> list[MeasureResult]:
         return [MeasureResult(i, task.space.get(i).to_json(), Status.OK, latencies=[self.rng.uniform(1e-5, 1e-3)] * 3,
-                              device="none", worker=self.name, shard=shard, round=round_) for i in indices]
+                              device=self.device_name(), worker=self.name, shard=shard, round=round_) for i in indices]
+
+    def device_name(self) -> str:
+        """No device: its made-up results name none."""
+        return "none"
 
     def cancel(self) -> None:
         """Nothing to stop: a call returns at once."""

@@ -29,6 +29,8 @@ class BatchWorker(Protocol):
     def build_and_measure(self, task: Task, indices: list[int], shard: int = 0,
                           round_: int = 0) -> list[MeasureResult]: ...
 
+    def device_name(self) -> str: ...
+
     def cancel(self) -> None: ...
 
     def close(self) -> None: ...
@@ -88,6 +90,11 @@ class LocalWorkerPool:
 
     def searches(self, search: str, task: Task, seed: int, measured: Mapping[int, float | None]) -> LocalSearches:
         return LocalSearches(search, task, seed, self.size, measured)
+
+    def devices(self, timeout: float) -> set[str]:
+        calls = [self._threads.submit(w.device_name) for w in self.workers]
+        done, _ = cf.wait(calls, timeout)
+        return {f.result() for f in done if f.exception() is None}
 
     def cancel(self) -> None:
         for w in self.workers:

@@ -91,6 +91,10 @@ class WorkerPool(Protocol):
 
     def cancel(self) -> None: ...
 
+    def devices(self, timeout: float) -> set[str]:
+        """The devices the ready workers measure on, named as their trials name them; a worker that
+        does not answer within `timeout` seconds (its device still coming up, or failing) is left out."""
+
     def searches(self, search: str, task: Task, seed: int, measured: Mapping[int, float | None]) -> ShardSearches: ...
 
     def grow(self) -> int:

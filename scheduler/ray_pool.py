@@ -125,6 +125,19 @@ class RayWorkerPool:
         except Exception as e:
             log.warning("stopping the worker actors' calls: %s", one_line(e))
 
+    def devices(self, timeout: float) -> set[str]:
+        import ray
+
+        calls = [a.device_name.remote() for i, a in enumerate(self.actors) if self.ready(i)]
+        done, _ = ray.wait(calls, num_returns=len(calls), timeout=timeout)
+        names = set()
+        for call in done:
+            try:
+                names.add(ray.get(call))
+            except Exception as e:  # its device failed: its trials will say so
+                log.warning("asking a worker actor for its device: %s", one_line(e))
+        return names
+
     def grow(self) -> int:
         """Start a worker actor for every GPU of the nodes that joined since the last call, and add
         those that are up (their calls would wait for a GPU otherwise); how many were added. An

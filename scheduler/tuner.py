@@ -113,6 +113,9 @@ OPEN_SLICES = 2
 GRADIENT = "gradient"
 # How often a model job's estimated latency is read from the store for the metrics while a slice runs.
 MODEL_REPORT_SECONDS = 1.0
+# How long a model job with earlier records waits for its workers to name their devices (a device
+# coming up: its server's registration and first session) before it learns them from its first trials.
+DEVICE_NAME_SECONDS = 120.0
 # The origin of a trial copied from an earlier job's (a task tuned before: `_reuse`).
 REUSED = "reused"
 # Chunks of unguided configs a worker gets while the job waits for a family's first model (the bridge,
@@ -255,8 +258,9 @@ def _allocate(tasks: _Tasks, rows: list[dict[str, Any]], spec: dict[str, Any]) -
 
     A task tuned before (its kernel, target and template version, by another job, on a device this
     job measures on) is not tuned again unless the spec says ``retune``: its fastest trial is copied
-    into this job (origin ``reused``), so its export, status and the model's latency have it. Tasks
-    that have such a record wait until this job's first trials say which devices it measures on."""
+    into this job (origin ``reused``), so its export, status and the model's latency have it. Which
+    records apply is decided by the devices the workers name; should none answer, the tasks that have
+    such a record wait until this job's first trials say which devices it measures on."""
     store, job_id = tasks.store, tasks.job_id
     fixed = [row for row in rows if row["budget"] > 0]
     for number, row in enumerate(rows):
@@ -264,6 +268,8 @@ def _allocate(tasks: _Tasks, rows: list[dict[str, Any]], spec: dict[str, Any]) -
             return "cancelled"
     free = [(number, row) for number, row in enumerate(rows) if row["budget"] == 0]
     prior = {row["id"]: [] if spec.get("retune") else _reusable(store, row) for _, row in free}
+    if any(prior.values()):  # asked, not learnt from a first trial: a model whose every kernel has one runs none
+        tasks.devices.update(tasks.pool.devices(DEVICE_NAME_SECONDS))
     free.sort(key=lambda item: bool(prior[item[1]["id"]]))  # those without a record first: they say the device
     states = [TaskState(row["weight"], Task.from_json(row).workload.flops(), row["family_key"]) for _, row in free]
     budget = int(store.job(job_id)["trials_budget"]) - sum(row["budget"] for row in fixed)

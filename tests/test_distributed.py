@@ -473,6 +473,9 @@ class _Delayed:
         self.returned += 1
         return results
 
+    def device_name(self) -> str:
+        return self.worker.device_name()
+
     def cancel(self) -> None:
         self.worker.cancel()
 
@@ -615,6 +618,9 @@ class _Counting:
             with self.lock:
                 self.out -= len(indices)
                 self.returned += len(indices)
+
+    def device_name(self) -> str:
+        return self.worker.device_name()
 
     def cancel(self) -> None:
         self.worker.cancel()

@@ -228,7 +228,8 @@ def test_tune_a_model_build_it_and_reuse_its_kernels(tmp_path: Path) -> None:
     `farm build-model` compiles it with every kernel from tuning, checked against PyTorch eager, into a
     library TVM's runtime runs. A second model sharing all but its last layer spends its budget on
     that layer alone (the shared kernels' records are reused); so does the first model's ONNX export,
-    built from the database and checked against onnxruntime; --retune tunes every kernel again."""
+    built from the database and checked against onnxruntime. The first model again tunes nothing;
+    --retune tunes every kernel again."""
     import tvm
     from tvm import relax
 
@@ -274,6 +275,12 @@ def test_tune_a_model_build_it_and_reuse_its_kernels(tmp_path: Path) -> None:
     assert len(reused) == 3 and all(t["trials"] == 1 for t in reused)  # the shared kernels: not tuned again
     assert [t["trials"] for t in tuned] == [8] and tuned[0]["func"].startswith("fused_matmul")
     assert proc.stdout.count("reused") == 3
+    # The first model again: every kernel has a record, so none is tuned (no first trial is needed
+    # to learn which device the job measures on: the workers say).
+    proc = farm("tune-model", str(first), "--trials", "8", "--workers", "1", "--db", db, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    again = _job(tmp_path, 3)
+    assert len(again) == 4 and all(t["origin"] == "reused" and t["trials"] == 1 for t in again), again
 
     # The ONNX path: the same network exported to ONNX shares its convolutions and reduction with the
     # PyTorch import (its Gemm is another kernel): those are reused, the Gemm tuned, and the build
@@ -282,7 +289,7 @@ def test_tune_a_model_build_it_and_reuse_its_kernels(tmp_path: Path) -> None:
     proc = farm("tune-model", "first.onnx", "--trials", "4", "--workers", "2", "--batch-size", "2", "--db", db,
                 cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert [t["origin"] == "reused" for t in _job(tmp_path, 3)].count(True) == 3
+    assert [t["origin"] == "reused" for t in _job(tmp_path, 4)].count(True) == 3
     proc = farm("build-model", "first.onnx", "--target", "llvm", "--db", db, "-o", "first-onnx.so", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "4 of 4 kernels from tuning" in proc.stdout and "outputs match onnxruntime" in proc.stdout
@@ -290,8 +297,8 @@ def test_tune_a_model_build_it_and_reuse_its_kernels(tmp_path: Path) -> None:
     proc = farm("tune-model", str(second), "--trials", "4", "--workers", "2", "--batch-size", "2", "--db", db,
                 "--retune", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert not any(t["origin"] == "reused" for t in _job(tmp_path, 4))
-    assert sum(t["trials"] for t in _job(tmp_path, 4)) == 4
+    assert not any(t["origin"] == "reused" for t in _job(tmp_path, 5))
+    assert sum(t["trials"] for t in _job(tmp_path, 5)) == 4
 
 
 # A depthwise convolution (two outputs per channel) + batch norm + ReLU, a grouped convolution, max and

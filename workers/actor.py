@@ -64,6 +64,10 @@ class WorkerActor:
         task = Task.from_json(json.loads(task_json))
         return [r.to_json() for r in self.device.worker.build_and_measure(task, indices, shard, round_)]
 
+    def device_name(self) -> str:
+        """The name of the device it measures on, as its trials give it (workers.worker.Worker.device_name)."""
+        return self.device.device_name()
+
     def cancel(self) -> None:
         """Stop the calls in flight (workers.worker.Worker.cancel); returns once they are told."""
         self.device.cancel()

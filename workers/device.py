@@ -113,6 +113,10 @@ class LocalDevice:
         """`Worker.build_and_measure` on this device."""
         return self.worker.build_and_measure(task, indices, shard, round_)
 
+    def device_name(self) -> str:
+        """`Worker.device_name` of this device."""
+        return self.worker.device_name()
+
     def cancel(self) -> None:
         """`Worker.cancel` on this device: its calls in flight stop."""
         self.worker.cancel()

@@ -87,6 +87,9 @@ class Runner(Protocol):
     def warm(self) -> None:
         """Start opening the device session in the background; returns at once."""
 
+    def device_name(self) -> str:
+        """The device's name, as each result's ``device`` gives it (opening its session if none is open)."""
+
     def prepare(self, task: Task) -> None:
         """Get ready for `task`'s candidates (work of this process's CPU, such as the reference
         output); the Worker calls it while they compile. Optional: `measure` does it if needed."""
@@ -218,6 +221,9 @@ class RPCRunner:
                 log.info("opening a session on %s ahead of time failed: %s", self.key, one_line(e))
 
         threading.Thread(target=open_session, daemon=True, name="farm-session-warm").start()
+
+    def device_name(self) -> str:
+        return self.session().device_name
 
     def _drop_session(self) -> None:
         self._session = None  # dropping the last reference closes the connection

@@ -118,6 +118,12 @@ class Worker:
                 f.cancel()
         return [r for r in results if r is not None]
 
+    def device_name(self) -> str:
+        """The name of the device it measures on (its results' ``device``), once the device is ready."""
+        if self.ready is not None:
+            self.ready.result()
+        return self.runner.device_name()
+
     def cancel(self) -> None:
         """Stop every call in flight: each returns as soon as the candidate it is measuring (if any)
         is measured, with the results measured so far; its candidates not yet built are dropped
