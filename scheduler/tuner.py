@@ -48,8 +48,9 @@ tasks when the job is created (farm.core.jobspec.JobRequest).
 
 The end game: once a task's whole budget is handed out, a worker with nothing left in flight
 would wait for the others' last chunks, the task held by the slowest of their builds, its device
-idle; so would a worker whose own last candidates are slow builds, its other build slots free
-(a model job's slices end this way, one after another: docs/defaults.md#end-game-grace).
+idle; so would a worker whose own last candidates are slow builds, its other build slots free,
+and one whose open slices (a model job's, two at a time) all wait on such last candidates
+(docs/defaults.md#end-game-grace).
 Once such a worker has returned nothing for END_GAME_GRACE seconds, it gets new configs instead,
 as many as the budget still lacks (at most what it may have in flight), and again after each
 further grace. The first results to arrive
@@ -419,9 +420,8 @@ class _TaskLoop:
         self.first_results_at: float | None = None  # this run's (a model job's slice's) first results
         self.last_retraining_s = 0.0  # this run's wait for its last round's retraining, once its budget was in
         self.retraining_waited_from: float | None = None
-        # Candidates the job's other open slices have in flight on a worker (a model job's, _allocate): its
-        # room is shared with them.
-        self.others: Callable[[int], int] = lambda worker: 0
+        # The job's other open slices (a model job's, _allocate): each worker's room is shared with them.
+        self.peers: Callable[[], list[_TaskLoop]] = list
         self.exhausted = False
         self.no_worker_since: float | None = None  # since when no worker could take work
         self.cancelled = self._stopped()
@@ -549,7 +549,7 @@ class _TaskLoop:
         """Candidates `worker` may still be given: its lead less what it has in flight (for this task and
         the job's other open slices), or less while the first model is waited for: the bridge's (module
         docstring)."""
-        room = self.leads[worker].size - self.in_flight[worker] - self.others(worker)
+        room = self.leads[worker].size - self.in_flight[worker] - self._others(worker)
         if self.unguided_left == 0:
             room = min(room, BRIDGE_CHUNKS * self.chunk - self.in_flight[worker], self.bridge_left[worker])
         return room
@@ -565,8 +565,18 @@ class _TaskLoop:
         emptiest first gives every worker work before any gets more, and spreads a budget's
         last trials over all of them."""
         ready = [w for w in range(len(self.in_flight)) if self.pool.ready(w)]
-        worker = min(ready, key=lambda w: self.in_flight[w] + self.others(w), default=None)
+        worker = min(ready, key=lambda w: self.in_flight[w] + self._others(w), default=None)
         return worker if worker is not None and self._room(worker) > 0 else None
+
+    def _others(self, worker: int) -> int:
+        """Candidates the job's other open slices have in flight on `worker`."""
+        return sum(p.in_flight[worker] for p in self.peers() if worker < len(p.in_flight))
+
+    def _last_heard(self, worker: int) -> float:
+        """When `worker` last returned results, or was handed stand-ins, in this slice or another open
+        one (time.monotonic): a device that returns nothing to any of them is idle, whatever they
+        have in flight on it (their last candidates may all be slow builds)."""
+        return max(p.quiet_since[worker] or 0.0 for p in [self, *self.peers()] if worker < len(p.quiet_since))
 
     def _fill(self) -> None:
         """Hand out work until every worker is full or the budget is all handed out."""
@@ -619,14 +629,14 @@ class _TaskLoop:
 
     def _idle(self) -> dict[int, float]:
         """In the end game, the workers that may stand in (ready, results returned) and the seconds
-        each has returned nothing (no result, no stand-in handed to it): idle, or waiting on its own
-        slow builds while its device idles; none outside it. A worker with another slice's candidates in
-        flight is not idle: its device has those to measure."""
+        each has returned nothing (no result, no stand-in handed to it) to this slice or another open
+        one: idle, or waiting on slow builds (its own, or the last of every open slice's) while its
+        device idles; none outside it."""
         if not self._end_game():
             return {}
         now = time.monotonic()
-        return {w: now - since for w, since in enumerate(self.quiet_since) if since is not None
-                and self.returned[w] and self.pool.ready(w) and not self.others(w)}
+        return {w: now - self._last_heard(w) for w, since in enumerate(self.quiet_since) if since is not None
+                and self.returned[w] and self.pool.ready(w)}
 
     def _stand_ins(self) -> list[int]:
         """The workers that stand in for the last chunks out now: quiet END_GAME_GRACE seconds."""
@@ -797,11 +807,11 @@ def _drive(loops: list[_TaskLoop], stall_seconds: float, more: Callable[[], _Tas
     the others. Every loop still open is finished however this ends."""
     polled = last_event = time.monotonic()
 
-    def others(me: _TaskLoop) -> Callable[[int], int]:
-        return lambda w: sum(loop.in_flight[w] for loop in loops if loop is not me and w < len(loop.in_flight))
+    def peers(me: _TaskLoop) -> Callable[[], list[_TaskLoop]]:
+        return lambda: [loop for loop in loops if loop is not me]
 
     for loop in loops:
-        loop.others = others(loop)
+        loop.peers = peers(loop)
     try:
         while True:
             for loop in [loop for loop in loops if loop.settle(stall_seconds)]:
@@ -809,7 +819,7 @@ def _drive(loops: list[_TaskLoop], stall_seconds: float, more: Callable[[], _Tas
                 loop.finish()
                 ended(loop)
             if (new := more()) is not None:
-                new.others = others(new)
+                new.peers = peers(new)
                 loops.append(new)
                 continue
             if not loops:

@@ -737,3 +737,77 @@ def test_a_job_naming_an_rpc_key_no_device_has_fails_with_a_clear_error(pg_url: 
         after = client.submit(SMALL, target="llvm", trials=4, batch_size=4)
         assert after.wait(progress=False, timeout=300) == "done"
 
+
+
+class _HoldsOnePerTask:
+    """A LocalWorkerPool's worker that holds one call of each task, the first made after one of the
+    task's calls has returned (as if its builds never ended), until `release` (or for 60 s: `outlasted`
+    counts the holds that ended so, the job having waited for them); `held`: task -> configs."""
+
+    def __init__(self, worker: Any, release: threading.Event) -> None:
+        self.worker, self.name, self.release = worker, worker.name, release
+        self.lock = threading.Lock()
+        self.returned: set[str] = set()
+        self.held: dict[str, list[int]] = {}
+        self.outlasted = 0
+
+    def build_and_measure(self, task: Any, indices: list[int], shard: int = 0, round_: int = 0) -> list[Any]:
+        key = task.workload.key
+        with self.lock:
+            hold = key in self.returned and key not in self.held
+            if hold:
+                self.held[key] = list(indices)
+        if hold and not self.release.wait(60):
+            self.outlasted += 1
+        results = self.worker.build_and_measure(task, indices, shard, round_)
+        with self.lock:
+            self.returned.add(key)
+        return results
+
+    def device_name(self) -> str:
+        return self.worker.device_name()
+
+    def cancel(self) -> None:
+        self.worker.cancel()
+
+    def close(self) -> None:
+        self.worker.close()
+
+
+def test_open_slices_that_each_wait_on_a_held_call_stand_in(pg_url: str) -> None:
+    """A model job's two slices open at once on one worker (scheduler.tuner._allocate), each with its
+    last call held (as if its builds never ended), so the device idles: after END_GAME_GRACE each
+    stands in for its own held call, and the job ends with its budget while both are still out.
+    (A slice that counted the other slice's candidates on the worker as work for its device waited
+    for the other's held call, each for the other's, until they were released.)"""
+    from farm.core.model import load_model, model_job
+    from scheduler.local_pool import LocalWorkerPool
+    from tests.prom import real_model
+
+    store = open_store(pg_url)
+    job_id = store.submit(model_job(load_model(real_model()), "llvm", 16, workers=1, batch_size=2,
+                                    search="random"))
+    release = threading.Event()
+    workers: list[_HoldsOnePerTask] = []
+
+    def factory(kind: str, count: int, keys: Sequence[str]) -> LocalWorkerPool:
+        pool = LocalWorkerPool.on_this_machine(kind, count, keys)
+        workers.append(_HoldsOnePerTask(pool.workers[0], release))
+        pool.workers[0] = workers[0]
+        return pool
+
+    released_before_the_end: list[bool] = []
+    with Scheduler(store, pool_factory=factory) as scheduler:
+        try:
+            status = scheduler.claim_and_run(job_id)
+            trials = store.trials(job_id=job_id)
+            tasks = {t["id"]: t["workload_key"] for t in store.tasks(job_id)}
+        finally:
+            released_before_the_end.append(release.is_set())
+            release.set()
+    assert status == "done" and released_before_the_end == [False]
+    assert len(trials) == 16 and (trials["status"] == "ok").all()
+    assert len(workers[0].held) == 2 and workers[0].outlasted == 0  # both held, neither waited for
+    for task_id, key in tasks.items():
+        configs = trials["config_index"][trials["task_id"] == task_id]
+        assert configs.is_unique and not set(workers[0].held[key]) & set(configs)
