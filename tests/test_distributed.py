@@ -457,21 +457,12 @@ def test_a_worker_that_joins_mid_task_gets_work_and_the_budget_stays_exact(pg_ur
     assert set(trials["worker"]) == {"local-0", "local-joined"}
 
 
-class _Delayed:
-    """A LocalWorkerPool's worker whose calls first ask `gate(self, indices)`, which may hold them
-    and says whether it did (their configs are then in `delayed`)."""
+class _Wrapped:
+    """A LocalWorkerPool's worker around `worker`, whose calls a subclass watches or holds
+    (build_and_measure); the rest is the worker's."""
 
-    def __init__(self, worker: Any, gate: Callable[[_Delayed, list[int]], bool]) -> None:
-        self.worker, self.name, self.gate = worker, worker.name, gate
-        self.delayed: list[int] = []
-        self.returned = 0  # calls that came back
-
-    def build_and_measure(self, task: Any, indices: list[int], shard: int = 0, round_: int = 0) -> list[Any]:
-        if self.gate(self, indices):
-            self.delayed.extend(indices)
-        results = self.worker.build_and_measure(task, indices, shard, round_)
-        self.returned += 1
-        return results
+    def __init__(self, worker: Any) -> None:
+        self.worker, self.name = worker, worker.name
 
     def device_name(self) -> str:
         return self.worker.device_name()
@@ -483,23 +474,18 @@ class _Delayed:
         self.worker.close()
 
 
-def _run_with_delayed_worker(pg_url: str, budget: int,
-                             gate_of: Callable[[ResultStore, int], Callable[[_Delayed, list[int]], bool]],
-                             before_close: Callable[[], None], workers: int = 2) -> tuple[str, Any, _Delayed]:
-    """Run a llvm job of `budget` trials on `workers` workers whose worker 0 is `_Delayed` by
-    `gate_of(store, task_id)`, calling `before_close` once the job has ended (the pool's close
-    waits for its calls): (status, the job's trials, worker 0)."""
+def _run_with_worker_0(store: ResultStore, job_id: int, wrap: Callable[[Any], _Wrapped],
+                       before_close: Callable[[], None] = lambda: None) -> tuple[str, Any, Any]:
+    """Run job `job_id` on local workers whose worker 0 is `wrap(worker 0)`, calling `before_close` once
+    the job has ended (the pool's close waits for its calls): (status, the job's trials, worker 0)."""
     from scheduler.local_pool import LocalWorkerPool
 
-    store = open_store(pg_url)
-    job_id = store.submit(JobRequest.build(SMALL, "llvm", budget, workers=workers, batch_size=4, search="random"))
-    (task_id,) = [t["id"] for t in store.tasks(job_id)]
-    delayed: list[_Delayed] = []
+    wrapped: list[_Wrapped] = []
 
     def factory(kind: str, count: int, keys: Sequence[str]) -> LocalWorkerPool:
         pool = LocalWorkerPool.on_this_machine(kind, count, keys)
-        delayed.append(_Delayed(pool.workers[0], gate_of(store, task_id)))
-        pool.workers[0] = delayed[0]
+        wrapped.append(wrap(pool.workers[0]))
+        pool.workers[0] = wrapped[0]
         return pool
 
     with Scheduler(store, pool_factory=factory) as scheduler:
@@ -508,7 +494,36 @@ def _run_with_delayed_worker(pg_url: str, budget: int,
             trials = store.trials(job_id=job_id)
         finally:
             before_close()
-    return status, trials, delayed[0]
+    return status, trials, wrapped[0]
+
+
+class _Delayed(_Wrapped):
+    """A worker whose calls first ask `gate(self, indices)`, which may hold them and says whether it
+    did (their configs are then in `delayed`)."""
+
+    def __init__(self, worker: Any, gate: Callable[[_Delayed, list[int]], bool]) -> None:
+        super().__init__(worker)
+        self.gate = gate
+        self.delayed: list[int] = []
+        self.returned = 0  # calls that came back
+
+    def build_and_measure(self, task: Any, indices: list[int], shard: int = 0, round_: int = 0) -> list[Any]:
+        if self.gate(self, indices):
+            self.delayed.extend(indices)
+        results = self.worker.build_and_measure(task, indices, shard, round_)
+        self.returned += 1
+        return results
+
+
+def _run_with_delayed_worker(pg_url: str, budget: int,
+                             gate_of: Callable[[ResultStore, int], Callable[[_Delayed, list[int]], bool]],
+                             before_close: Callable[[], None], workers: int = 2) -> tuple[str, Any, _Delayed]:
+    """Run a llvm job of `budget` trials on `workers` workers whose worker 0 is `_Delayed` by
+    `gate_of(store, task_id)` (_run_with_worker_0)."""
+    store = open_store(pg_url)
+    job_id = store.submit(JobRequest.build(SMALL, "llvm", budget, workers=workers, batch_size=4, search="random"))
+    (task_id,) = [t["id"] for t in store.tasks(job_id)]
+    return _run_with_worker_0(store, job_id, lambda worker: _Delayed(worker, gate_of(store, task_id)), before_close)
 
 
 def test_a_task_ends_with_its_budget_without_waiting_for_a_held_worker(pg_url: str) -> None:
@@ -598,12 +613,12 @@ def test_the_end_game_waits_for_a_worker_that_has_not_returned_results(pg_url: s
     assert (trials["worker"] == "local-0").sum() >= 1
 
 
-class _Counting:
-    """A LocalWorkerPool's worker that records, at every call, how many candidates it was handed and
-    has not returned yet (`in_flight`: (results returned before the call, candidates out))."""
+class _Counting(_Wrapped):
+    """A worker that records, at every call, how many candidates it was handed and has not returned
+    yet (`in_flight`: (results returned before the call, candidates out))."""
 
     def __init__(self, worker: Any) -> None:
-        self.worker, self.name = worker, worker.name
+        super().__init__(worker)
         self.lock = threading.Lock()
         self.out = self.returned = 0
         self.in_flight: list[tuple[int, int]] = []
@@ -619,15 +634,6 @@ class _Counting:
                 self.out -= len(indices)
                 self.returned += len(indices)
 
-    def device_name(self) -> str:
-        return self.worker.device_name()
-
-    def cancel(self) -> None:
-        self.worker.cancel()
-
-    def close(self) -> None:
-        self.worker.close()
-
 
 def test_a_worker_gets_what_its_builds_need_in_flight_not_two_batches(pg_url: str) -> None:
     """scheduler.pool.Lead in a real job: this machine's CPU measures a matmul 128³ candidate in
@@ -635,26 +641,15 @@ def test_a_worker_gets_what_its_builds_need_in_flight_not_two_batches(pg_url: st
     results are back a worker of batch 16 keeps about 7 + 2 chunks in flight, not two batches (32):
     what the loop hands out beyond that would wait and be proposed by an older model. Until its
     first results, it gets the two batches."""
-    from scheduler.local_pool import LocalWorkerPool
-
-    counting: list[_Counting] = []
-
-    def factory(kind: str, count: int, keys: Sequence[str]) -> LocalWorkerPool:
-        pool = LocalWorkerPool.on_this_machine(kind, count, keys)
-        counting.append(_Counting(pool.workers[0]))
-        pool.workers[0] = counting[0]
-        return pool
-
     store = open_store(pg_url)
     job_id = store.submit(JobRequest.build([("matmul", {"M": 128, "N": 128, "K": 128})], "llvm", 80, workers=1,
                                            batch_size=16, search="random"))
-    with Scheduler(store, pool_factory=factory) as scheduler:
-        assert scheduler.claim_and_run(job_id) == "done"
-    trials = store.trials(job_id=job_id)
+    status, trials, counting = _run_with_worker_0(store, job_id, _Counting)
+    assert status == "done"
     assert len(trials) == 80 and trials["config_index"].is_unique
-    assert max(out for _, out in counting[0].in_flight) > 24  # the start: two batches, nothing known yet
-    later = [out for returned, out in counting[0].in_flight if returned >= 32]
-    assert later and max(later) <= 24, counting[0].in_flight
+    assert max(out for _, out in counting.in_flight) > 24  # the start: two batches, nothing known yet
+    later = [out for returned, out in counting.in_flight if returned >= 32]
+    assert later and max(later) <= 24, counting.in_flight
 
 
 class _RecordedSearches:
@@ -738,14 +733,14 @@ def test_a_job_naming_an_rpc_key_no_device_has_fails_with_a_clear_error(pg_url: 
         assert after.wait(progress=False, timeout=300) == "done"
 
 
-
-class _HoldsOnePerTask:
-    """A LocalWorkerPool's worker that holds one call of each task, the first made after one of the
-    task's calls has returned (as if its builds never ended), until `release` (or for 60 s: `outlasted`
-    counts the holds that ended so, the job having waited for them); `held`: task -> configs."""
+class _HoldsOnePerTask(_Wrapped):
+    """A worker that holds one call of each task, the first made after one of the task's calls has
+    returned (as if its builds never ended), until `release` (or for 60 s: `outlasted` counts the holds
+    that ended so, the job having waited for them); `held`: task -> configs."""
 
     def __init__(self, worker: Any, release: threading.Event) -> None:
-        self.worker, self.name, self.release = worker, worker.name, release
+        super().__init__(worker)
+        self.release = release
         self.lock = threading.Lock()
         self.returned: set[str] = set()
         self.held: dict[str, list[int]] = {}
@@ -764,15 +759,6 @@ class _HoldsOnePerTask:
             self.returned.add(key)
         return results
 
-    def device_name(self) -> str:
-        return self.worker.device_name()
-
-    def cancel(self) -> None:
-        self.worker.cancel()
-
-    def close(self) -> None:
-        self.worker.close()
-
 
 def test_open_slices_that_each_wait_on_a_held_call_stand_in(pg_url: str) -> None:
     """A model job's two slices open at once on one worker (scheduler.tuner._allocate), each with its
@@ -781,33 +767,22 @@ def test_open_slices_that_each_wait_on_a_held_call_stand_in(pg_url: str) -> None
     (A slice that counted the other slice's candidates on the worker as work for its device waited
     for the other's held call, each for the other's, until they were released.)"""
     from farm.core.model import load_model, model_job
-    from scheduler.local_pool import LocalWorkerPool
     from tests.prom import real_model
 
     store = open_store(pg_url)
     job_id = store.submit(model_job(load_model(real_model()), "llvm", 16, workers=1, batch_size=2,
                                     search="random"))
     release = threading.Event()
-    workers: list[_HoldsOnePerTask] = []
-
-    def factory(kind: str, count: int, keys: Sequence[str]) -> LocalWorkerPool:
-        pool = LocalWorkerPool.on_this_machine(kind, count, keys)
-        workers.append(_HoldsOnePerTask(pool.workers[0], release))
-        pool.workers[0] = workers[0]
-        return pool
-
     released_before_the_end: list[bool] = []
-    with Scheduler(store, pool_factory=factory) as scheduler:
-        try:
-            status = scheduler.claim_and_run(job_id)
-            trials = store.trials(job_id=job_id)
-            tasks = {t["id"]: t["workload_key"] for t in store.tasks(job_id)}
-        finally:
-            released_before_the_end.append(release.is_set())
-            release.set()
+
+    def before_close() -> None:
+        released_before_the_end.append(release.is_set())
+        release.set()
+
+    status, trials, worker = _run_with_worker_0(store, job_id, lambda w: _HoldsOnePerTask(w, release), before_close)
     assert status == "done" and released_before_the_end == [False]
     assert len(trials) == 16 and (trials["status"] == "ok").all()
-    assert len(workers[0].held) == 2 and workers[0].outlasted == 0  # both held, neither waited for
-    for task_id, key in tasks.items():
+    assert len(worker.held) == 2 and worker.outlasted == 0  # both held, neither waited for
+    for task_id, key in {t["id"]: t["workload_key"] for t in store.tasks(job_id)}.items():
         configs = trials["config_index"][trials["task_id"] == task_id]
-        assert configs.is_unique and not set(workers[0].held[key]) & set(configs)
+        assert configs.is_unique and not set(worker.held[key]) & set(configs)
