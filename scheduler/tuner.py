@@ -107,6 +107,7 @@ KEEP_SEARCHES = 4
 # devices waiting for its first builds and ends with a retraining, so slices much shorter than
 # that spend a large part of their time on both (Ansor and MetaSchedule hand out 64 at a time too).
 MIN_SLICE = 64
+WARMUP_SHARE = 0.5  # of a model job's budget, at most, for its tasks' first slices (_allocate)
 # A model job's slices open at once (_allocate): the one being measured to its end, and the next one,
 # whose candidates the workers build meanwhile. Each holds its task's searches: fewer than KEEP_SEARCHES.
 OPEN_SLICES = 2
@@ -249,7 +250,8 @@ def _allocate(tasks: _Tasks, rows: list[dict[str, Any]], spec: dict[str, Any]) -
     """A model job (farm.core.allocation): the tasks given a budget at submission run to it first;
     then the rest of the job's budget goes to the others a slice (a round: workers x batch size, at
     least MIN_SLICE, less where the budget is too small to give each task one) at a time, each task's
-    first slice in turn, then where the model's latency is expected to fall most.
+    first slice in turn (smaller where the first slices would take more than WARMUP_SHARE of the
+    budget), then where the model's latency is expected to fall most.
 
     Slices overlap: once a slice has handed out its whole budget (or waits for its task's first model),
     the next one starts, at most OPEN_SLICES at a time, so that the workers build the next task's
@@ -275,9 +277,12 @@ def _allocate(tasks: _Tasks, rows: list[dict[str, Any]], spec: dict[str, Any]) -
     states = [TaskState(row["weight"], Task.from_json(row).workload.flops(), row["family_key"]) for _, row in free]
     budget = int(store.job(job_id)["trials_budget"]) - sum(row["budget"] for row in fixed)
     # A slice is a round of the pool, at least MIN_SLICE, or less where the budget would not give
-    # every task a first one.
+    # every task a first one. The first slices (one per task) take at most WARMUP_SHARE of the budget:
+    # spread evenly, they would leave the gradient nothing to place where a small budget meets many
+    # kernels (docs/defaults.md#warm-up-slices).
     slice_trials = max(1, min(max(MIN_SLICE, tasks.pool.size * tasks.batch_size), budget // max(1, len(states))))
-    allocation = GradientAllocation(states, budget, slice_trials, seed=tasks.seed)
+    warmup_trials = max(1, min(slice_trials, int(budget * WARMUP_SHARE) // max(1, len(states))))
+    allocation = GradientAllocation(states, budget, slice_trials, seed=tasks.seed, warmup_trials=warmup_trials)
     slices: dict[_TaskLoop, int] = {}  # each open slice's loop -> its task's index in `free`
     statuses: list[str] = []
     reported = [0.0]

@@ -166,20 +166,22 @@ def test_model_job_weights_skips_and_fixed_budgets(net: Any) -> None:
 
 
 def test_gradient_allocation_warms_up_every_task_then_follows_the_steepest() -> None:
-    """Each task gets a first slice in order; then the slice goes where weight x expected gain is
-    largest; an exhausted space gives its unused trials back; the budget is never exceeded."""
+    """Each task gets a first slice (of the warm-up's size) in order; then the slice goes where
+    weight x expected gain is largest; an exhausted space gives its unused trials back; the budget is
+    never exceeded."""
     states = [TaskState(weight=1, flops=10**6, family="a"), TaskState(weight=4, flops=10**6, family="a"),
               TaskState(weight=1, flops=10**6, family="b")]
-    plan = GradientAllocation(states, budget=100, slice_trials=10)
-    given = []
+    plan = GradientAllocation(states, budget=100, slice_trials=10, warmup_trials=5)
+    given, grants = [], []
     latencies = {0: 1e-3, 1: 1e-3, 2: 1e-6}
     while (step := plan.next()) is not None:
         index, n = step
         given.append(index)
+        grants.append(n)
         exhausted = index == 2  # a tiny space: done after its first slice, with 3 trials
         trials = 3 if exhausted else states[index].trials + n
         plan.observe(index, trials, latencies[index], exhausted)
-    assert given[:3] == [0, 1, 2]
+    assert given[:3] == [0, 1, 2] and grants[:3] == [5, 5, 5] and set(grants[3:-1]) == {10}
     later = given[3:]
     assert 2 not in later and later.count(1) > later.count(0)  # the heavier task of equal latency
     assert sum(s.trials for s in states) <= 100

@@ -54,12 +54,15 @@ class TaskState:
 
 class GradientAllocation:
     """Slices of a job's budget to its tasks (module docstring). `states` are the tasks the
-    allocation may give trials to, in the order their warm-up slices go out."""
+    allocation may give trials to, in the order their warm-up slices go out; a warm-up slice is
+    `warmup_trials` (default: `slice_trials`), every later slice `slice_trials`."""
 
-    def __init__(self, states: list[TaskState], budget: int, slice_trials: int, seed: int = 0) -> None:
+    def __init__(self, states: list[TaskState], budget: int, slice_trials: int, seed: int = 0,
+                 warmup_trials: int | None = None) -> None:
         self.states = states
         self.left = budget  # trials not yet measured
         self.slice = max(1, slice_trials)
+        self.warmup = max(1, warmup_trials or slice_trials)
         self.out: dict[int, int] = {}  # task index -> trials of its slice out (handed out, outcome unknown)
         self._rng = random.Random(seed)
 
@@ -78,7 +81,7 @@ class GradientAllocation:
             index = self._rng.choice(open_)
         else:
             index = max(open_, key=lambda i: (self.gradient(i), -i))
-        self.out[index] = min(self.slice, left)
+        self.out[index] = min(self.warmup if cold else self.slice, left)
         return index, self.out[index]
 
     def reuse(self, index: int, best: float) -> None:
