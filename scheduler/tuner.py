@@ -253,8 +253,8 @@ def _allocate(tasks: _Tasks, rows: list[dict[str, Any]], spec: dict[str, Any]) -
     first slice in turn (smaller where the first slices would take more than WARMUP_SHARE of the
     budget), then where the model's latency is expected to fall most.
 
-    Slices overlap: once a slice has handed out its whole budget (or waits for its task's first model),
-    the next one starts, at most OPEN_SLICES at a time, so that the workers build the next task's
+    Slices overlap: once a slice has handed out its whole budget (or its round of unguided configs,
+    after which it waits for its task's first model), the next one starts, at most OPEN_SLICES at a time, so that the workers build the next task's
     candidates while they measure the last of the one before, and a device does not idle through a
     switch of tasks (docs/defaults.md#overlapping-slices). A task gets no new slice while one of its own
     is open.
@@ -477,9 +477,12 @@ class _TaskLoop:
         return True
 
     def handed_out(self) -> bool:
-        """Whether the loop has nothing more to hand out for now: its budget all handed out, its space
-        exhausted, stopped, or waiting for its first model (a model job starts its next slice then)."""
-        return self.cancelled or self._all_handed_out() or self._waiting_for_model()
+        """Whether a model job's next slice may start beside this one: its budget all handed out, its
+        space exhausted, stopped, or its unguided round handed out. From then on it waits for its first
+        model, handing out at most its bridge, and only once most of the round is measured (the bridge
+        is kept to BRIDGE_CHUNKS chunks in flight): a next slice that waited for the bridge too would
+        start building with a few candidates left to measure, the device idle through its first builds."""
+        return self.cancelled or self._all_handed_out() or self.unguided_left == 0
 
     def _all_handed_out(self) -> bool:
         """Whether the budget is all handed out (none to measure again), or the space exhausted."""

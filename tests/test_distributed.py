@@ -20,7 +20,7 @@ from farm.client import Client
 from farm.core.errors import FarmError
 from farm.core.jobspec import JobRequest
 from scheduler.service import Scheduler
-from scheduler.tuner import BRIDGE_CHUNKS
+from scheduler.tuner import BRIDGE_CHUNKS, CHUNK
 from tests.processes import stop
 
 pytestmark = pytest.mark.slow
@@ -733,6 +733,52 @@ def test_a_job_naming_an_rpc_key_no_device_has_fails_with_a_clear_error(pg_url: 
         assert after.wait(progress=False, timeout=300) == "done"
 
 
+class _CountsOutstanding(_Wrapped):
+    """A worker that notes, at the first call of each task, how many candidates of the job's other
+    tasks it holds (handed to it, not yet returned): `at_first`, in the order the tasks came."""
+
+    def __init__(self, worker: Any) -> None:
+        super().__init__(worker)
+        self.lock = threading.Lock()
+        self.out: dict[str, int] = {}
+        self.at_first: list[int] = []
+
+    def build_and_measure(self, task: Any, indices: list[int], shard: int = 0, round_: int = 0) -> list[Any]:
+        key = task.workload.key
+        with self.lock:
+            if key not in self.out:
+                self.at_first.append(sum(self.out.values()))
+            self.out[key] = self.out.get(key, 0) + len(indices)
+        try:
+            return self.worker.build_and_measure(task, indices, shard, round_)
+        finally:
+            with self.lock:
+                self.out[key] -= len(indices)
+
+
+def test_the_next_slice_starts_once_the_unguided_round_is_out(pg_url: str) -> None:
+    """A model job's first slice of a task is a round of unguided configs, then a wait for its first
+    model in which it hands out only its bridge, once most of the round is measured. The next slice
+    starts when the round is out, not when the bridge is: the worker then still holds most of the
+    round to measure while the next task's first candidates build. (Started after the bridge, it found
+    at most the bridge's candidates left, and the device idled through its first builds: about 1 s a
+    task on an H200, docs/benchmarks/models-2026-11-29c.md.)"""
+    from farm.core.model import load_model, model_job
+    from farm.core.targets import parse_target
+    from tests.prom import real_model
+
+    store = open_store(pg_url)
+    net = load_model(real_model())
+    kernels = len(net.tasks(parse_target("llvm")))
+    # First slices of 12 trials each (WARMUP_SHARE of 24 per kernel): a round of 8, then a bridge of 4,
+    # the whole first slice (once handed out, the slice lets the next start in any case).
+    job_id = store.submit(model_job(net, "llvm", 24 * kernels, workers=1, batch_size=8))
+    status, trials, worker = _run_with_worker_0(store, job_id, _CountsOutstanding)
+    assert status == "done" and len(trials) == 24 * kernels
+    assert len(worker.at_first) == kernels and worker.at_first[0] == 0
+    assert max(worker.at_first[1:]) > BRIDGE_CHUNKS * CHUNK, worker.at_first
+
+
 class _HoldsOnePerTask(_Wrapped):
     """A worker that holds one call of each task, the first made after one of the task's calls has
     returned (as if its builds never ended), until `release` (or for 60 s: `outlasted` counts the holds
@@ -770,7 +816,9 @@ def test_open_slices_that_each_wait_on_a_held_call_stand_in(pg_url: str) -> None
     from tests.prom import real_model
 
     store = open_store(pg_url)
-    job_id = store.submit(model_job(load_model(real_model()), "llvm", 16, workers=1, batch_size=2,
+    # Two kernels, first slices of 8 (WARMUP_SHARE of 16 each): more than the worker's lead of 4, so
+    # that each slice makes calls after its first ones returned, one of which is held.
+    job_id = store.submit(model_job(load_model(real_model()), "llvm", 32, workers=1, batch_size=2,
                                     search="random"))
     release = threading.Event()
     released_before_the_end: list[bool] = []
@@ -781,7 +829,7 @@ def test_open_slices_that_each_wait_on_a_held_call_stand_in(pg_url: str) -> None
 
     status, trials, worker = _run_with_worker_0(store, job_id, lambda w: _HoldsOnePerTask(w, release), before_close)
     assert status == "done" and released_before_the_end == [False]
-    assert len(trials) == 16 and (trials["status"] == "ok").all()
+    assert len(trials) == 32 and (trials["status"] == "ok").all()
     assert len(worker.held) == 2 and worker.outlasted == 0  # both held, neither waited for
     for task_id, key in {t["id"]: t["workload_key"] for t in store.tasks(job_id)}.items():
         configs = trials["config_index"][trials["task_id"] == task_id]
