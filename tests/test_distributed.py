@@ -770,11 +770,11 @@ def test_the_next_slice_starts_once_the_unguided_round_is_out(pg_url: str) -> No
     store = open_store(pg_url)
     net = load_model(real_model())
     kernels = len(net.tasks(parse_target("llvm")))
-    # First slices of 12 trials each (WARMUP_SHARE of 24 per kernel): a round of 8, then a bridge of 4,
-    # the whole first slice (once handed out, the slice lets the next start in any case).
-    job_id = store.submit(model_job(net, "llvm", 24 * kernels, workers=1, batch_size=8))
+    # First slices of 20 trials each (WARMUP_SHARE of 40 per kernel): a round of 16, then a bridge of
+    # 4, the whole first slice (once handed out, the slice lets the next start in any case).
+    job_id = store.submit(model_job(net, "llvm", 40 * kernels, workers=1, batch_size=16))
     status, trials, worker = _run_with_worker_0(store, job_id, _CountsOutstanding)
-    assert status == "done" and len(trials) == 24 * kernels
+    assert status == "done" and len(trials) == 40 * kernels
     assert len(worker.at_first) == kernels and worker.at_first[0] == 0
     assert max(worker.at_first[1:]) > BRIDGE_CHUNKS * CHUNK, worker.at_first
 
