@@ -254,10 +254,10 @@ def _allocate(tasks: _Tasks, rows: list[dict[str, Any]], spec: dict[str, Any]) -
     budget), then where the model's latency is expected to fall most.
 
     Slices overlap: once a slice has handed out its whole budget (or its round of unguided configs,
-    after which it waits for its task's first model), the next one starts, at most OPEN_SLICES at a time, so that the workers build the next task's
-    candidates while they measure the last of the one before, and a device does not idle through a
-    switch of tasks (docs/defaults.md#overlapping-slices). A task gets no new slice while one of its own
-    is open.
+    after which it waits for its task's first model), the next one starts, at most OPEN_SLICES at a
+    time, so that the workers build the next task's candidates while they measure the last of the one
+    before, and a device does not idle through a switch of tasks (docs/defaults.md#overlapping-slices).
+    A task gets no new slice while one of its own is open.
 
     A task tuned before (its kernel, target and template version, by another job, on a device this
     job measures on) is not tuned again unless the spec says ``retune``: its fastest trial is copied
