@@ -614,25 +614,41 @@ def test_the_end_game_waits_for_a_worker_that_has_not_returned_results(pg_url: s
 
 
 class _Counting(_Wrapped):
-    """A worker that records, at every call, how many candidates it was handed and has not returned
-    yet (`in_flight`: (results returned before the call, candidates out))."""
+    """A worker that records, at every call, the candidates it was handed and has not returned yet:
+    `calls`, one (task key, candidates in the call, results returned before it, candidates of each task
+    out before it) per call."""
 
     def __init__(self, worker: Any) -> None:
         super().__init__(worker)
         self.lock = threading.Lock()
-        self.out = self.returned = 0
-        self.in_flight: list[tuple[int, int]] = []
+        self.returned = 0
+        self.out: dict[str, int] = {}
+        self.calls: list[tuple[str, int, int, dict[str, int]]] = []
 
     def build_and_measure(self, task: Any, indices: list[int], shard: int = 0, round_: int = 0) -> list[Any]:
+        key = task.workload.key
         with self.lock:
-            self.out += len(indices)
-            self.in_flight.append((self.returned, self.out))
+            self.calls.append((key, len(indices), self.returned, dict(self.out)))
+            self.out[key] = self.out.get(key, 0) + len(indices)
         try:
             return self.worker.build_and_measure(task, indices, shard, round_)
         finally:
             with self.lock:
-                self.out -= len(indices)
+                self.out[key] -= len(indices)
                 self.returned += len(indices)
+
+    @property
+    def in_flight(self) -> list[tuple[int, int]]:
+        """At every call: (results returned before it, candidates out with it)."""
+        return [(returned, sum(out.values()) + n) for _, n, returned, out in self.calls]
+
+    @property
+    def at_first(self) -> list[int]:
+        """At the first call of each task, in the order the tasks came: the other tasks' candidates out."""
+        firsts: dict[str, int] = {}
+        for key, _, _, out in self.calls:
+            firsts.setdefault(key, sum(out.values()))
+        return list(firsts.values())
 
 
 def test_a_worker_gets_what_its_builds_need_in_flight_not_two_batches(pg_url: str) -> None:
@@ -733,29 +749,6 @@ def test_a_job_naming_an_rpc_key_no_device_has_fails_with_a_clear_error(pg_url: 
         assert after.wait(progress=False, timeout=300) == "done"
 
 
-class _CountsOutstanding(_Wrapped):
-    """A worker that notes, at the first call of each task, how many candidates of the job's other
-    tasks it holds (handed to it, not yet returned): `at_first`, in the order the tasks came."""
-
-    def __init__(self, worker: Any) -> None:
-        super().__init__(worker)
-        self.lock = threading.Lock()
-        self.out: dict[str, int] = {}
-        self.at_first: list[int] = []
-
-    def build_and_measure(self, task: Any, indices: list[int], shard: int = 0, round_: int = 0) -> list[Any]:
-        key = task.workload.key
-        with self.lock:
-            if key not in self.out:
-                self.at_first.append(sum(self.out.values()))
-            self.out[key] = self.out.get(key, 0) + len(indices)
-        try:
-            return self.worker.build_and_measure(task, indices, shard, round_)
-        finally:
-            with self.lock:
-                self.out[key] -= len(indices)
-
-
 def test_the_next_slice_starts_once_the_unguided_round_is_out(pg_url: str) -> None:
     """A model job's first slice of a task is a round of unguided configs, then a wait for its first
     model in which it hands out only its bridge, once most of the round is measured. The next slice
@@ -773,7 +766,7 @@ def test_the_next_slice_starts_once_the_unguided_round_is_out(pg_url: str) -> No
     # First slices of 20 trials each (WARMUP_SHARE of 40 per kernel): a round of 16, then a bridge of
     # 4, the whole first slice (once handed out, the slice lets the next start in any case).
     job_id = store.submit(model_job(net, "llvm", 40 * kernels, workers=1, batch_size=16))
-    status, trials, worker = _run_with_worker_0(store, job_id, _CountsOutstanding)
+    status, trials, worker = _run_with_worker_0(store, job_id, _Counting)
     assert status == "done" and len(trials) == 40 * kernels
     assert len(worker.at_first) == kernels and worker.at_first[0] == 0
     assert max(worker.at_first[1:]) > BRIDGE_CHUNKS * CHUNK, worker.at_first
