@@ -31,6 +31,7 @@ from farm.core.errors import FarmError, one_line
 from farm.core.model import Model, ModelTask, fuse_passes, load_model, relax_passes
 from farm.core.targets import TargetSpec, parse_target
 from farm.core.task import Task
+from farm.core.templates.base import register_default_pipeline
 from farm.core.workloads import workload_from_json
 from farm.export import commit, export_document, load, metaschedule_schedule, record, validate
 
@@ -179,8 +180,9 @@ def _for_target(rec: dict[str, Any], target: TargetSpec) -> bool:
 def _build(model: Model, target: TargetSpec, scheduled: list[tuple[dict[str, Any], Task, Any]],
            cuda_graph: bool, applied: set[str]) -> Any:
     """Relax's build of the model with the records applied: the fusion passes of tuning, the database,
-    DLight for the rest on GPUs, then Relax's own lowering (as `compile_relax` does). Adds to
-    `applied` the kernels the database scheduled."""
+    DLight for the rest on GPUs, then Relax's own lowering (as `compile_relax` does), the kernels
+    lowered by the TIR pipeline of the tuning builds (base.DEFAULT_PIPELINE). Adds to `applied` the
+    kernels the database scheduled."""
     import tvm
     from tvm import relax
     from tvm.s_tir import dlight as dl
@@ -205,6 +207,7 @@ def _build(model: Model, target: TargetSpec, scheduled: list[tuple[dict[str, Any
     config = {"relax.backend.use_cuda_graph": bool(cuda_graph and target.kind == "cuda")}
     try:
         with tvm_target, database, tvm.transform.PassContext(opt_level=3, config=config):
-            return relax.build(model.mod, target=tvm_target, relax_pipeline=farm_pipeline)
+            return relax.build(model.mod, target=tvm_target, relax_pipeline=farm_pipeline,
+                               tir_pipeline=register_default_pipeline())
     except Exception as e:  # TVM's build errors: the model cannot be built for this target
         raise FarmError(f"model {model.name} does not build for {target.kind}: {one_line(e)}") from None

@@ -254,12 +254,12 @@ def metaschedule_schedule(rec: dict[str, Any]) -> tuple[dict[str, Any], Task, An
     """(record, its task, the schedule its config makes) of a record MetaSchedule can replay;
     FarmError, saying why and what to do instead, for one it cannot (write_metaschedule)."""
     from farm.core.targets import parse_target
-    from farm.core.templates.base import tir_pipeline
+    from farm.core.templates.base import DEFAULT_PIPELINE, tir_pipeline
     from farm.core.workloads import workload_from_json
 
     task = Task(workload_from_json(rec["workload"]), parse_target(rec["target"]), rec.get("template"))
     sch = task.schedule(task.space.from_json(rec["config"]))
-    if tir_pipeline(sch.mod) != "default":
+    if tir_pipeline(sch.mod) != DEFAULT_PIPELINE:
         raise FarmError(f"{task.template.name} kernels are written in TIRx, not scheduled, so MetaSchedule "
                         f"cannot replay them: export {task.workload} with --format farm (the default) and build "
                         "it with `farm build`")

@@ -587,6 +587,65 @@ def test_half_precision_fused_kernels_reach_the_tensor_cores() -> None:
         assert built.ok, built.error
 
 
+def test_a_half_precision_convolution_summing_in_float32_builds_on_the_tensor_cores(monkeypatch) -> None:
+    """A float16 convolution that sums in float32 and rounds once (as farm.core.half_import imports
+    PyTorch's) gets tensor-core sketches in dynamic shared memory: their shared memory is left to the
+    replay (no probe is lowered to fit it), and each config builds through the farm's pipeline, where
+    TVM's default one fails every such config (StorageRewrite: base.needs_plain_storage), alone and
+    in a module of several kernels as a model's build lowers them."""
+    import tempfile
+
+    import tvm
+    from tvm import relax
+    from tvm.s_tir import meta_schedule as ms
+
+    from farm.core.templates import design_space as design_space_module
+    from farm.core.templates.base import needs_plain_storage, register_default_pipeline
+    from farm.core.templates.verify import verify_gpu
+    from farm.core.tir import tir_workload
+    from workers.compiler import BuildResult, compile_into
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 64, 14, 14), "float16"))
+    k = relax.Var("k", relax.TensorType((64, 64, 3, 3), "float16"))
+    with bb.function("main", [x, k]):
+        with bb.dataflow():
+            conv = relax.op.astype(relax.op.nn.conv2d(x, k, padding=1, out_dtype="float32"), "float16")
+            out = bb.emit_output(relax.op.nn.relu(conv))
+        bb.emit_func_output(out)
+    passes = [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(), relax.transform.FoldConstant(),
+              relax.transform.FuseOps(), relax.transform.FuseTIR()]
+    fused = tvm.transform.Sequential(passes)(bb.get())
+    (task_,) = ms.relax_integration.extract_tasks(fused, tvm.target.Target("llvm"))
+    cuda = parse_target("cuda")
+    task = Task(tir_workload(task_.dispatched[0]["main"], task_.task_name), cuda)
+    assert task.template.name == "ms.cuda"
+
+    def no_probe(*_: object) -> None:
+        raise AssertionError("a probe was lowered to fit a sketch in dynamic shared memory")
+
+    monkeypatch.setattr(design_space_module.DesignSpace, "_shared_buffers", no_probe)
+    rng = random.Random(0)
+    scheduled = []
+    for _ in range(2):
+        config = next(c for c in (task.space.get(rng.randrange(task.space.size)) for _ in range(5000))
+                      if task.check(c) is None)
+        sch = task.schedule(config)
+        assert "wmma_sync" in str(sch.trace) and needs_plain_storage(sch.mod["main"])
+        assert verify_gpu(sch.mod, cuda) is None
+        with pytest.raises(Exception, match="tvm_access_ptr element type"):  # TVM 0.27's fault
+            tvm.tirx.build(sch.mod, target=cuda.tvm(), pipeline="default")
+        built = BuildResult(config.index, config.to_json())
+        compile_into(sch.mod, cuda, Path(tempfile.mkdtemp()) / "kernel", built)
+        assert built.ok, built.error
+        scheduled.append(sch.mod["main"])
+    plain = Task(tir_workload(task_.dispatched[0]["main"], task_.task_name), LLVM)  # no tensor cores: no dyn shared
+    assert not needs_plain_storage(plain.schedule(plain.default_config()).mod["main"])
+    mod = tvm.IRModule({f"conv{i}": func.with_attr("global_symbol", f"conv{i}") for i, func in enumerate(scheduled)})
+    source = tvm.tirx.build(mod, target=cuda.tvm(), pipeline=register_default_pipeline()).imports[0].inspect_source("")
+    assert source.count("wmma::mma_sync") >= 2
+
+
 def test_a_job_with_every_template_keeps_the_faster(matmul: TirWorkload, kernels: dict[str, Path],
                                                     tmp_path: Path) -> None:
     """`--templates all` tunes the fused matmul + bias + ReLU with its hand template and its design

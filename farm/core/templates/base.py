@@ -16,7 +16,7 @@ import inspect
 import math
 import sys
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from functools import cached_property
 from typing import Any, ClassVar
 
@@ -75,14 +75,84 @@ class Template(ABC):
 
 
 # The IRModule attribute naming the TIR pipeline (`tvm.compile`'s ``tir_pipeline``) that lowers a
-# scheduled module; without it, TVM's default.
+# scheduled module; without it, the farm's (`DEFAULT_PIPELINE`).
 TIR_PIPELINE_ATTR = "farm.tir_pipeline"
+# TVM's default TIR pipeline, with StorageRewrite left out of the kernels it breaks
+# (`needs_plain_storage`): the one that lowers every build of a config the farm makes, a tuning
+# candidate's, its verification's and a model's, so that a model runs the code that was measured.
+DEFAULT_PIPELINE = "farm.default"
+_STORAGE_REWRITE_OFF = "tirx.disable_storage_rewrite"
 
 
 def tir_pipeline(mod: Any) -> str:
     """The TIR pipeline that lowers the scheduled module `mod` (`TIR_PIPELINE_ATTR`)."""
     attrs = mod.attrs
-    return str(attrs[TIR_PIPELINE_ATTR]) if attrs is not None and TIR_PIPELINE_ATTR in attrs else "default"
+    return str(attrs[TIR_PIPELINE_ATTR]) if attrs is not None and TIR_PIPELINE_ATTR in attrs else DEFAULT_PIPELINE
+
+
+def statements(stmt: Any) -> Iterator[Any]:
+    """`stmt` and every statement nested in it, outermost first, through scheduled blocks too (TVM
+    0.27 has no Python visitor for TIR statements)."""
+    from tvm import tirx
+
+    yield stmt
+    children = list(stmt.seq) if isinstance(stmt, tirx.SeqStmt) else [
+        getattr(stmt, field, None) for field in ("block", "body", "then_case", "else_case")]  # any kind that nests
+    for child in children:
+        if isinstance(child, tirx.Stmt):
+            yield from statements(child)
+
+
+def needs_plain_storage(func: Any) -> bool:
+    """Whether the scheduled PrimFunc `func` must be lowered without TVM's StorageRewrite: where its
+    dynamic shared memory holds buffers of more than one type. TVM 0.27's StorageRewrite lets such
+    a buffer reuse the memory of one of another type, and a tensor intrinsic's typed pointer into
+    it then fails LowerIntrin's check (``tvm_access_ptr element type must match the source
+    buffer``): WMMA's store of float32 sums into memory of float16 operands, in every config of a
+    float16 convolution that sums in float32. MergeSharedMemoryAllocations, later in the
+    pipeline, still lets such buffers share dynamic shared memory."""
+    dtypes = {str(buffer.dtype) for stmt in statements(func.body)
+              for buffer in getattr(stmt, "alloc_buffers", ()) if buffer.scope() == "shared.dyn"}
+    return len(dtypes) > 1
+
+
+def _default_pipeline() -> tuple[Any, Any, Any]:
+    """`DEFAULT_PIPELINE`'s factory (TVM's form: the pipeline and its host and device finalizers)."""
+    import tvm
+    from tvm import tirx
+
+    pipeline, finalize_host, finalize_device = tvm.tirx.get_tir_pipeline("default")
+
+    @tvm.transform.module_pass(opt_level=0, name=DEFAULT_PIPELINE)
+    def lower(mod: Any, ctx: Any) -> Any:
+        plain = {gvar for gvar, func in mod.functions.items()
+                 if isinstance(func, tirx.PrimFunc) and needs_plain_storage(func)}
+        if not plain or ctx.config.get(_STORAGE_REWRITE_OFF, False):
+            return pipeline(mod)
+        # The pipeline names a module's only function its entry (AnnotateEntryFunc): once for the
+        # whole module, not again for a part of it that holds one.
+        mod = tirx.transform.AnnotateEntryFunc()(mod)
+        entries = {gvar.name_hint for gvar, func in mod.functions.items()
+                   if func.attrs is not None and func.attrs.get("tirx.is_entry_func", False)}
+        lowered = None
+        for off in (False, True):
+            part = tvm.IRModule({gvar: func for gvar, func in mod.functions.items() if (gvar in plain) == off},
+                                attrs=mod.attrs)
+            if not part.functions:
+                continue
+            config = {**dict(ctx.config.items()), **({_STORAGE_REWRITE_OFF: True} if off else {})}
+            with tvm.transform.PassContext(opt_level=ctx.opt_level, config=config):
+                part = pipeline(part)
+            if lowered is None:
+                lowered = part
+            else:
+                lowered.update(part)
+        for gvar, func in list(lowered.functions.items()):
+            if gvar.name_hint not in entries and func.attrs is not None and func.attrs.get("tirx.is_entry_func", False):
+                lowered[gvar] = func.with_attr("tirx.is_entry_func", False)
+        return lowered
+
+    return lower, finalize_host, finalize_device
 
 
 def compile_scheduled(mod: Any, target: TargetSpec) -> Any:
@@ -101,9 +171,19 @@ def compile_scheduled(mod: Any, target: TargetSpec) -> Any:
     compile."""
     import tvm
 
-    pipeline = tir_pipeline(mod)
-    with tvm.transform.PassContext(config={"tirx.use_async_copy": True} if pipeline == "default" else {}):
+    pipeline = register_default_pipeline(tir_pipeline(mod))
+    with tvm.transform.PassContext(config={"tirx.use_async_copy": True} if pipeline == DEFAULT_PIPELINE else {}):
         return tvm.compile(mod, target=target.tvm(), tir_pipeline=pipeline)
+
+
+def register_default_pipeline(name: str = DEFAULT_PIPELINE) -> str:
+    """`name`, with `DEFAULT_PIPELINE` registered among TVM's TIR pipelines (once per process)
+    where it is that one: TVM looks a pipeline up by name."""
+    from tvm.tirx.compilation_pipeline import PIPELINE_MAP, register_tir_pipeline
+
+    if name == DEFAULT_PIPELINE and name not in PIPELINE_MAP:
+        register_tir_pipeline(DEFAULT_PIPELINE, _default_pipeline)
+    return name
 
 
 def new_schedule(wl: Workload, func: Any = None) -> Any:

@@ -224,9 +224,13 @@ class DesignSpace:
         copies of an affine access the size is a product of tile factors, so a least-squares fit of
         log2 elements on log2 factors over `FIT_PROBES` lowered random configs, kept only when it
         has integer exponents and reproduces every probe exactly, computes it in microseconds.
-        Where it does not (a convolution's halo), the replay alone decides."""
+        Where it does not (a convolution's halo, dynamic shared memory), the replay alone decides."""
         import numpy as np
 
+        if "shared.dyn" in str(self.traces[sketch]):
+            # Its stages live in dynamic shared memory (tensor-core sketches: the trace names the
+            # scope), which every probe would lower only to be refused (`_shared_buffers`).
+            return None
         slots = self.slots[sketch]
         # A tile's outermost factor is the extent over the others: a regressor of its own would
         # make the fit's solution one of many (and not the integer one).

@@ -14,11 +14,18 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterator
 from typing import Any
 
 from farm.core.targets import TargetSpec
-from farm.core.templates.base import CUDA_MAX_BLOCK_DIM, CUDA_MAX_GRID_DIM, shared_memory_error, tir_pipeline
+from farm.core.templates.base import (
+    CUDA_MAX_BLOCK_DIM,
+    CUDA_MAX_GRID_DIM,
+    DEFAULT_PIPELINE,
+    register_default_pipeline,
+    shared_memory_error,
+    statements,
+    tir_pipeline,
+)
 
 
 def lower(mod: Any, target: TargetSpec) -> Any:
@@ -33,9 +40,7 @@ def lower(mod: Any, target: TargetSpec) -> Any:
     tvm_target = target.tvm()
     host = tvm.target.Target("llvm")
     mod = tvm.tirx.transform.BindTarget(tvm_target.with_host(host))(mod)
-    name = tir_pipeline(mod)
-    factory = tvm.tirx.get_default_tir_pipeline(tvm_target) if name == "default" else tvm.tirx.get_tir_pipeline(name)
-    pipeline, _, _ = factory
+    pipeline, _, _ = tvm.tirx.get_tir_pipeline(register_default_pipeline(tir_pipeline(mod)))
     with tvm.transform.PassContext():
         return pipeline(mod)
 
@@ -80,7 +85,7 @@ def verify_gpu(mod: Any, target: TargetSpec) -> str | None:
         if (reason := _strided_async_copy(func.body)) is not None:
             return f"kernel {gvar.name_hint}: {reason}"
     # A kernel written in TIRx binds no loops to blockIdx: its template's `check` bounds its grid.
-    return _grid_violation(mod) if tir_pipeline(mod) == "default" else None
+    return _grid_violation(mod) if tir_pipeline(mod) == DEFAULT_PIPELINE else None
 
 
 def shared_allocations(lowered: Any) -> dict[tuple[str, str], tuple[int, int]] | None:
@@ -88,7 +93,7 @@ def shared_allocations(lowered: Any) -> dict[tuple[str, str], tuple[int, int]] |
     device kernel of the `lower`ed module; None if one uses dynamic shared memory."""
     out: dict[tuple[str, str], tuple[int, int]] = {}
     for gvar, func in lowered.functions.items():
-        for stmt in _statements(func.body):
+        for stmt in statements(func.body):
             buffer = getattr(stmt, "buffer", None) if type(stmt).__name__ == "AllocBuffer" else None
             if buffer is None or not buffer.scope().startswith("shared"):
                 continue
@@ -126,19 +131,6 @@ def _violation(func: Any, limits: dict[str, int]) -> str:
     return "GPU constraints violated"
 
 
-def _statements(stmt: Any) -> Iterator[Any]:
-    """`stmt` and every statement nested in it, outermost first (TVM 0.27 has no Python visitor
-    for TIR statements)."""
-    from tvm import tirx
-
-    yield stmt
-    children = list(stmt.seq) if isinstance(stmt, tirx.SeqStmt) else [
-        getattr(stmt, field, None) for field in ("body", "then_case", "else_case")]  # any kind that nests
-    for child in children:
-        if isinstance(child, tirx.Stmt):
-            yield from _statements(child)
-
-
 def _strided_async_copy(body: Any) -> str | None:
     """Why an asynchronous copy in the lowered kernel `body` would be miscompiled, if one would:
     a store into shared memory, in an ``async_scope``, whose index or whose source's index is a
@@ -147,10 +139,10 @@ def _strided_async_copy(body: Any) -> str | None:
     import tvm
     from tvm import tirx
 
-    for scope in _statements(body):
+    for scope in statements(body):
         if not (isinstance(scope, tirx.AttrStmt) and scope.attr_key == "async_scope"):
             continue
-        for store in _statements(scope.body):
+        for store in statements(scope.body):
             if not (isinstance(store, tirx.BufferStore) and store.buffer.scope().startswith("shared")):
                 continue
             value = store.value
