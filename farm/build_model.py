@@ -31,7 +31,7 @@ from farm.core.errors import FarmError, one_line
 from farm.core.model import Model, ModelTask, fuse_passes, load_model, relax_passes
 from farm.core.targets import TargetSpec, parse_target
 from farm.core.task import Task
-from farm.core.templates.base import register_default_pipeline
+from farm.core.templates.base import register_default_pipeline, with_async_copies
 from farm.core.workloads import workload_from_json
 from farm.export import commit, export_document, load, metaschedule_schedule, record, validate
 
@@ -181,8 +181,9 @@ def _build(model: Model, target: TargetSpec, scheduled: list[tuple[dict[str, Any
            cuda_graph: bool, applied: set[str]) -> Any:
     """Relax's build of the model with the records applied: the fusion passes of tuning, the database,
     DLight for the rest on GPUs, then Relax's own lowering (as `compile_relax` does), the kernels
-    lowered by the TIR pipeline of the tuning builds (base.DEFAULT_PIPELINE). Adds to `applied` the
-    kernels the database scheduled."""
+    lowered by the TIR pipeline of the tuning builds and with their options (base.DEFAULT_PIPELINE,
+    base.with_async_copies for the kernels the database scheduled). Adds to `applied` the kernels
+    the database scheduled."""
     import tvm
     from tvm import relax
     from tvm.s_tir import dlight as dl
@@ -198,6 +199,7 @@ def _build(model: Model, target: TargetSpec, scheduled: list[tuple[dict[str, Any
         mod = relax.transform.MetaScheduleApplyDatabase()(mod)
         applied.update(gv.name_hint for gv, func in mod.functions.items()
                        if func.attrs is not None and "tirx.is_scheduled" in func.attrs)
+        mod = with_async_copies(mod, applied)
         if target.is_gpu:
             mod = dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(),
                                           dl.gpu.GeneralReduction(), dl.gpu.Fallback())(mod)

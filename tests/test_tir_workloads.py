@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
 import sqlite3
 import subprocess
 import sys
@@ -587,12 +588,13 @@ def test_half_precision_fused_kernels_reach_the_tensor_cores() -> None:
         assert built.ok, built.error
 
 
-def test_a_half_precision_convolution_summing_in_float32_builds_on_the_tensor_cores(monkeypatch) -> None:
+def test_a_half_precision_convolution_summing_in_float32_builds_on_the_tensor_cores(
+        matmul: TirWorkload, monkeypatch: pytest.MonkeyPatch) -> None:
     """A float16 convolution that sums in float32 and rounds once (as farm.core.half_import imports
     PyTorch's) gets tensor-core sketches in dynamic shared memory: their shared memory is left to the
     replay (no probe is lowered to fit it), and each config builds through the farm's pipeline, where
     TVM's default one fails every such config (StorageRewrite: base.needs_plain_storage), alone and
-    in a module of several kernels as a model's build lowers them."""
+    in a module of several kernels as a model's build lowers them, each with its own options."""
     import tempfile
 
     import tvm
@@ -600,7 +602,12 @@ def test_a_half_precision_convolution_summing_in_float32_builds_on_the_tensor_co
     from tvm.s_tir import meta_schedule as ms
 
     from farm.core.templates import design_space as design_space_module
-    from farm.core.templates.base import needs_plain_storage, register_default_pipeline
+    from farm.core.templates.base import (
+        compile_scheduled,
+        needs_plain_storage,
+        register_default_pipeline,
+        with_async_copies,
+    )
     from farm.core.templates.verify import verify_gpu
     from farm.core.tir import tir_workload
     from workers.compiler import BuildResult, compile_into
@@ -639,11 +646,30 @@ def test_a_half_precision_convolution_summing_in_float32_builds_on_the_tensor_co
         compile_into(sch.mod, cuda, Path(tempfile.mkdtemp()) / "kernel", built)
         assert built.ok, built.error
         scheduled.append(sch.mod["main"])
-    plain = Task(tir_workload(task_.dispatched[0]["main"], task_.task_name), LLVM)  # no tensor cores: no dyn shared
-    assert not needs_plain_storage(plain.schedule(plain.default_config()).mod["main"])
-    mod = tvm.IRModule({f"conv{i}": func.with_attr("global_symbol", f"conv{i}") for i, func in enumerate(scheduled)})
+    # A model's build: these kernels, and a matmul on CUDA cores, pipelined, once marked for
+    # asynchronous copies as a record's kernel is (build_model) and once not (DLight's).
+    tiled = Task(matmul, cuda)
+    assert tiled.template.name == "cuda.tiled"
+    pipelined = next(c for c in (tiled.space.get(rng.randrange(tiled.space.size)) for _ in range(20000))
+                     if c["pipeline"] >= 2 and tiled.check(c) is None)
+    plain = tiled.schedule(pipelined).mod["main"]
+
+    def kernels(source: str) -> dict[str, str]:
+        """Each kernel's definition in CUDA source (a declaration before it is overwritten)."""
+        return {re.search(r"(\w+)\(", part.replace("__launch_bounds__(", ""))[1]: part
+                for part in source.split('extern "C" __global__')[1:]}
+
+    measured = kernels(compile_scheduled(tiled.schedule(pipelined).mod, cuda).mod.imports[0].inspect_source(""))
+    assert not needs_plain_storage(plain)
+    functions = {**{f"conv{i}": func for i, func in enumerate(scheduled)}, "tiled": plain, "tiled_async": plain}
+    mod = with_async_copies(tvm.IRModule({name: func.with_attr("global_symbol", name)
+                                          for name, func in functions.items()}), ["tiled_async"])
     source = tvm.tirx.build(mod, target=cuda.tvm(), pipeline=register_default_pipeline()).imports[0].inspect_source("")
-    assert source.count("wmma::mma_sync") >= 2
+    built = kernels(source)
+    assert {"conv0_kernel", "conv1_kernel", "tiled_kernel", "tiled_async_kernel"} <= set(built), list(built)
+    assert all("wmma::mma_sync" in built[f"conv{i}_kernel"] for i in range(2))
+    assert built["tiled_async_kernel"].replace("tiled_async_kernel", "main_kernel") == measured["main_kernel"]
+    assert built["tiled_kernel"].replace("tiled_kernel", "main_kernel") != measured["main_kernel"]
 
 
 def test_a_job_with_every_template_keeps_the_faster(matmul: TirWorkload, kernels: dict[str, Path],

@@ -16,7 +16,7 @@ import inspect
 import math
 import sys
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from functools import cached_property
 from typing import Any, ClassVar
 
@@ -77,11 +77,13 @@ class Template(ABC):
 # The IRModule attribute naming the TIR pipeline (`tvm.compile`'s ``tir_pipeline``) that lowers a
 # scheduled module; without it, the farm's (`DEFAULT_PIPELINE`).
 TIR_PIPELINE_ATTR = "farm.tir_pipeline"
-# TVM's default TIR pipeline, with StorageRewrite left out of the kernels it breaks
-# (`needs_plain_storage`): the one that lowers every build of a config the farm makes, a tuning
-# candidate's, its verification's and a model's, so that a model runs the code that was measured.
+# TVM's default TIR pipeline, with options per kernel (`lowering_options`): the one that lowers
+# every build of a config the farm makes, a tuning candidate's, its verification's and a model's,
+# so that a model runs the code that was measured.
 DEFAULT_PIPELINE = "farm.default"
-_STORAGE_REWRITE_OFF = "tirx.disable_storage_rewrite"
+# A PrimFunc attribute: lower the kernel with ``tirx.use_async_copy`` on, as `compile_scheduled`
+# lowers every candidate (a model's build marks the kernels the farm's records schedule).
+ASYNC_COPY_ATTR = "farm.async_copy"
 
 
 def tir_pipeline(mod: Any) -> str:
@@ -116,8 +118,19 @@ def needs_plain_storage(func: Any) -> bool:
     return len(dtypes) > 1
 
 
+def lowering_options(func: Any) -> dict[str, bool]:
+    """The PassContext options `DEFAULT_PIPELINE` lowers the PrimFunc `func` with, beyond its
+    caller's: StorageRewrite off where it breaks the kernel (`needs_plain_storage`), asynchronous
+    copies where `func` asks for them (`ASYNC_COPY_ATTR`)."""
+    options = {"tirx.disable_storage_rewrite": True} if needs_plain_storage(func) else {}
+    if func.attrs is not None and func.attrs.get(ASYNC_COPY_ATTR, False):
+        options["tirx.use_async_copy"] = True
+    return options
+
+
 def _default_pipeline() -> tuple[Any, Any, Any]:
-    """`DEFAULT_PIPELINE`'s factory (TVM's form: the pipeline and its host and device finalizers)."""
+    """`DEFAULT_PIPELINE`'s factory (TVM's form: the pipeline and its host and device finalizers):
+    the module's kernels lowered by TVM's default pipeline in groups of equal `lowering_options`."""
     import tvm
     from tvm import tirx
 
@@ -125,22 +138,21 @@ def _default_pipeline() -> tuple[Any, Any, Any]:
 
     @tvm.transform.module_pass(opt_level=0, name=DEFAULT_PIPELINE)
     def lower(mod: Any, ctx: Any) -> Any:
-        plain = {gvar for gvar, func in mod.functions.items()
-                 if isinstance(func, tirx.PrimFunc) and needs_plain_storage(func)}
-        if not plain or ctx.config.get(_STORAGE_REWRITE_OFF, False):
+        groups: dict[tuple[tuple[str, bool], ...], dict[Any, Any]] = {}
+        for gvar, func in mod.functions.items():
+            options = lowering_options(func) if isinstance(func, tirx.PrimFunc) else {}
+            groups.setdefault(tuple(sorted(options.items())), {})[gvar] = func
+        if list(groups) == [()]:
             return pipeline(mod)
         # The pipeline names a module's only function its entry (AnnotateEntryFunc): once for the
-        # whole module, not again for a part of it that holds one.
+        # whole module, not again for a group of it that holds one.
         mod = tirx.transform.AnnotateEntryFunc()(mod)
         entries = {gvar.name_hint for gvar, func in mod.functions.items()
                    if func.attrs is not None and func.attrs.get("tirx.is_entry_func", False)}
         lowered = None
-        for off in (False, True):
-            part = tvm.IRModule({gvar: func for gvar, func in mod.functions.items() if (gvar in plain) == off},
-                                attrs=mod.attrs)
-            if not part.functions:
-                continue
-            config = {**dict(ctx.config.items()), **({_STORAGE_REWRITE_OFF: True} if off else {})}
+        for options, functions in groups.items():
+            part = tvm.IRModule(functions, attrs=mod.attrs, global_infos=mod.global_infos)
+            config = {**dict(ctx.config.items()), **dict(options)}
             with tvm.transform.PassContext(opt_level=ctx.opt_level, config=config):
                 part = pipeline(part)
             if lowered is None:
@@ -158,8 +170,8 @@ def _default_pipeline() -> tuple[Any, Any, Any]:
 def compile_scheduled(mod: Any, target: TargetSpec) -> Any:
     """``tvm.compile`` of the scheduled module `mod` for `target`, as every build of the farm
     compiles it (so that every build of a config makes the code that was measured): through the
-    TIR pipeline the module names (`tir_pipeline`) and, on TVM's default one, with
-    ``tirx.use_async_copy`` on.
+    TIR pipeline the module names (`tir_pipeline`) and, on the farm's default one, with
+    ``tirx.use_async_copy`` on for its kernels (`ASYNC_COPY_ATTR`).
 
     That option makes the copies of a `pipeline` stage marked asynchronous ``cp.async``. TVM
     leaves it off, and without it those copies stay ordinary loads and stores (wait_group calls
@@ -172,8 +184,20 @@ def compile_scheduled(mod: Any, target: TargetSpec) -> Any:
     import tvm
 
     pipeline = register_default_pipeline(tir_pipeline(mod))
-    with tvm.transform.PassContext(config={"tirx.use_async_copy": True} if pipeline == DEFAULT_PIPELINE else {}):
-        return tvm.compile(mod, target=target.tvm(), tir_pipeline=pipeline)
+    if pipeline == DEFAULT_PIPELINE:
+        mod = with_async_copies(mod, [gvar.name_hint for gvar in mod.get_global_vars()])
+    return tvm.compile(mod, target=target.tvm(), tir_pipeline=pipeline)
+
+
+def with_async_copies(mod: Any, names: Collection[str]) -> Any:
+    """A copy of `mod` whose PrimFuncs named in `names` are marked to be lowered with asynchronous
+    copies (`ASYNC_COPY_ATTR`), as the farm measures its kernels."""
+    import tvm
+    from tvm import tirx
+
+    return tvm.IRModule({gvar: func.with_attr(ASYNC_COPY_ATTR, True)
+                         if isinstance(func, tirx.PrimFunc) and gvar.name_hint in names else func
+                         for gvar, func in mod.functions.items()}, attrs=mod.attrs, global_infos=mod.global_infos)
 
 
 def register_default_pipeline(name: str = DEFAULT_PIPELINE) -> str:
