@@ -127,7 +127,8 @@ def test_batch_norm_folds_into_the_convolution_before_it() -> None:
 def test_a_half_precision_model_imports_and_builds_to_what_pytorch_computes() -> None:
     """TVM's frontend gives a convolution's and a linear layer's product in float32 and then adds a
     float16 bias, which does not import; the farm's import sums in float32, rounds to float16 and
-    adds the bias there, as PyTorch does, and keeps every activation in float16."""
+    adds the bias there, as PyTorch does, keeps every activation in float16, and folds the batch norm
+    into the convolution."""
     import warnings
 
     from farm.build_model import compile_model
@@ -142,6 +143,8 @@ def test_a_half_precision_model_imports_and_builds_to_what_pytorch_computes() ->
     assert str(model.mod["main"].ret_ty.fields[0].dtype) == "float16"
     names = [t.name for t in model.tasks(LLVM)]
     assert any(n.startswith("fused_conv2d") and "cast" in n for n in names), names
+    # The batch norm is folded into the convolution before it, through the cast, as in float32.
+    assert not any(op in n for n in names for op in ("subtract", "divide", "multiply")), names
     assert any(n.startswith("fused_matmul") and "cast" in n for n in names), names
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # no tuned record: TVM's default schedule

@@ -340,9 +340,11 @@ def _unsupported(e: Exception) -> str:
 
 def _relax_model(mod: Any, name: str) -> Model:
     """The Relax module as a Model: static shapes checked, batch norms folded into the convolutions
-    before them, the other inference-only operators decomposed."""
+    before them (cast ones too: farm.core.half_import), the other inference-only operators decomposed."""
     from tvm import relax
     from tvm.tirx import IntImm
+
+    from farm.core.half_import import fold_batch_norms
 
     if "main" not in [gv.name_hint for gv in mod.functions]:
         raise FarmError("the Relax module has no `main` function")
@@ -357,6 +359,6 @@ def _relax_model(mod: Any, name: str) -> Model:
             raise FarmError(f"model input {param.name} has dynamic shape {ty}: the farm tunes static shapes; export "
                             "the model with fixed shapes (ONNX: give each input's shape)")
         inputs.append(ModelInput(param.name, tuple(int(d) for d in dims), str(ty.dtype)))
-    mod = relax.transform.FoldBatchnormToConv2D()(mod)
+    mod = fold_batch_norms(relax.transform.FoldBatchnormToConv2D()(mod))
     mod = relax.transform.DecomposeOpsForInference()(mod)
     return Model(name, mod, inputs)
