@@ -652,14 +652,15 @@ def test_a_half_precision_convolution_summing_in_float32_builds_on_the_tensor_co
     assert tiled.template.name == "cuda.tiled"
     pipelined = next(c for c in (tiled.space.get(rng.randrange(tiled.space.size)) for _ in range(20000))
                      if c["pipeline"] >= 2 and tiled.check(c) is None)
-    plain = tiled.schedule(pipelined).mod["main"]
+    tiled_mod = tiled.schedule(pipelined).mod
+    plain = tiled_mod["main"]
 
     def kernels(source: str) -> dict[str, str]:
         """Each kernel's definition in CUDA source (a declaration before it is overwritten)."""
         return {re.search(r"(\w+)\(", part.replace("__launch_bounds__(", ""))[1]: part
                 for part in source.split('extern "C" __global__')[1:]}
 
-    measured = kernels(compile_scheduled(tiled.schedule(pipelined).mod, cuda).mod.imports[0].inspect_source(""))
+    measured = kernels(compile_scheduled(tiled_mod, cuda).mod.imports[0].inspect_source(""))
     assert not needs_plain_storage(plain)
     functions = {**{f"conv{i}": func for i, func in enumerate(scheduled)}, "tiled": plain, "tiled_async": plain}
     mod = with_async_copies(tvm.IRModule({name: func.with_attr("global_symbol", name)

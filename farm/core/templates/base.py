@@ -142,7 +142,7 @@ def _default_pipeline() -> tuple[Any, Any, Any]:
         for gvar, func in mod.functions.items():
             options = lowering_options(func) if isinstance(func, tirx.PrimFunc) else {}
             groups.setdefault(tuple(sorted(options.items())), {})[gvar] = func
-        if list(groups) == [()]:
+        if not any(groups):  # no kernel with options of its own (or none at all)
             return pipeline(mod)
         # The pipeline names a module's only function its entry (AnnotateEntryFunc): once for the
         # whole module, not again for a group of it that holds one.
