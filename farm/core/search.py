@@ -280,6 +280,9 @@ class XGBSearch(RandomSearch):
         self._plan: list[int] = []
         self._measured: dict[int, float] = {}  # this shard's results: index -> latency (inf if failed)
         self._validity: dict[int, bool] = {}
+        # `precheck`'s answers: the annealing revisits a config many times (a third of its checks
+        # at 1,000 trials), and each check decodes the config first.
+        self._prechecked: dict[int, bool] = {}
         space = task.space
         quick = {name: value for name, value in QUICK_BUILD.items()
                  if any(k.name == name and value in k.values for k in space.knobs)}
@@ -361,7 +364,7 @@ class XGBSearch(RandomSearch):
                     index = self.shard.index(position)
                     if index not in self.seen and index not in drawn:
                         drawn.add(index)
-                        if self.task.precheck(self.task.space.get(index)) is None:
+                        if self._passes_precheck(index):
                             pool.append(index)
                 if len(pool) >= n * self.screen:
                     break
@@ -439,10 +442,10 @@ class XGBSearch(RandomSearch):
             t = temperature * (1.0 - step / self.steps)
             gain = moved_scores - scores
             accept = (gain >= 0) | (self._np.random(len(codes)) < np.exp(np.minimum(gain, 0) / max(t, 1e-9)))
-            for row in np.nonzero(accept)[0]:
+            for row in np.nonzero(accept)[0].tolist():
                 # The template's cheap necessary condition: a full check of every step of every
                 # chain would cost seconds where it replays the config (design spaces).
-                if self.task.precheck(self.task.space.get(int(moved_indices[row]))) is not None:
+                if not self._passes_precheck(int(moved_indices[row])):
                     accept[row] = False
             codes[accept], scores[accept] = moved[accept], moved_scores[accept]
         indices = np.concatenate(visited)
@@ -476,6 +479,12 @@ class XGBSearch(RandomSearch):
         assert self.model is not None
         feats = self.features
         return self.model.predict(feats.features(codes), feats.names).astype(np.float64)
+
+    def _passes_precheck(self, index: int) -> bool:
+        passes = self._prechecked.get(index)
+        if passes is None:
+            passes = self._prechecked[index] = self.task.precheck(self.task.space.get(index)) is None
+        return passes
 
     def _is_valid(self, index: int) -> bool:
         if index not in self._validity:

@@ -15,7 +15,7 @@ import bisect
 import json
 import math
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from typing import Any
 
@@ -199,12 +199,15 @@ class Config:
 
     index: int
     values: tuple[tuple[str, KnobValue], ...]
+    # The values by name: a search's annealing checks hundreds of configs per trial, each reading
+    # most of its knobs.
+    _by_name: dict[str, KnobValue] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_by_name", dict(self.values))
 
     def __getitem__(self, name: str) -> KnobValue:
-        for k, v in self.values:
-            if k == name:
-                return v
-        raise KeyError(name)
+        return self._by_name[name]
 
     def to_json(self) -> dict[str, Any]:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in self.values}
@@ -242,10 +245,15 @@ class ConfigSpace:
         if not 0 <= index < self.size:
             raise FarmError(f"config index {index} is outside the space [0, {self.size})")
         rest, values = index, []
-        for knob in self.knobs:
-            rest, i = divmod(rest, len(knob))
-            values.append((knob.name, knob.value(i)))
+        for name, knob_values, count in self._radices:
+            rest, i = divmod(rest, count)
+            values.append((name, knob_values[i]))
         return Config(index, tuple(values))
+
+    @cached_property
+    def _radices(self) -> list[tuple[str, Sequence[KnobValue], int]]:
+        """Each knob's name, values and count, first knob first: `get` decodes with these."""
+        return [(k.name, k.values, len(k)) for k in self.knobs]
 
     def index(self, values: Mapping[str, KnobValue]) -> int:
         """The index of the config with these knob values (every knob exactly once, except that a

@@ -383,4 +383,4 @@ def dtype_bytes(dtype: str) -> int:
 
 
 def prod(xs: Any) -> int:
-    return math.prod(int(x) for x in xs)
+    return int(math.prod(xs))
