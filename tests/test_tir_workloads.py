@@ -20,7 +20,7 @@ import pytest
 from farm.core.design_features import DesignSpaceFeaturizer
 from farm.core.errors import FarmError
 from farm.core.space import ChoiceKnob, ConfigSpace, TileKnob, UnionSpace, factorizations
-from farm.core.targets import parse_target
+from farm.core.targets import TargetSpec, parse_target
 from farm.core.task import Task
 from farm.core.tir import TirWorkload, tir_from_file, tir_from_params
 from farm.core.workloads import workload_from_json
@@ -588,29 +588,15 @@ def test_half_precision_fused_kernels_reach_the_tensor_cores() -> None:
         assert built.ok, built.error
 
 
-def test_a_half_precision_convolution_summing_in_float32_builds_on_the_tensor_cores(
-        matmul: TirWorkload, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A float16 convolution that sums in float32 and rounds once (as farm.core.half_import imports
-    PyTorch's) gets tensor-core sketches in dynamic shared memory: their shared memory is left to the
-    replay (no probe is lowered to fit it), and each config builds through the farm's pipeline, where
-    TVM's default one fails every such config (StorageRewrite: base.needs_plain_storage), alone and
-    in a module of several kernels as a model's build lowers them, each with its own options."""
-    import tempfile
-
+def _half_precision_convolution(target: TargetSpec) -> Task:
+    """The task of a float16 convolution + ReLU that sums in float32 and rounds once, as
+    farm.core.half_import imports PyTorch's: MetaSchedule's tensor-core sketches, in dynamic shared
+    memory."""
     import tvm
     from tvm import relax
     from tvm.s_tir import meta_schedule as ms
 
-    from farm.core.templates import design_space as design_space_module
-    from farm.core.templates.base import (
-        compile_scheduled,
-        needs_plain_storage,
-        register_default_pipeline,
-        with_async_copies,
-    )
-    from farm.core.templates.verify import verify_gpu
     from farm.core.tir import tir_workload
-    from workers.compiler import BuildResult, compile_into
 
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType((1, 64, 14, 14), "float16"))
@@ -624,9 +610,34 @@ def test_a_half_precision_convolution_summing_in_float32_builds_on_the_tensor_co
               relax.transform.FuseOps(), relax.transform.FuseTIR()]
     fused = tvm.transform.Sequential(passes)(bb.get())
     (task_,) = ms.relax_integration.extract_tasks(fused, tvm.target.Target("llvm"))
-    cuda = parse_target("cuda")
-    task = Task(tir_workload(task_.dispatched[0]["main"], task_.task_name), cuda)
+    task = Task(tir_workload(task_.dispatched[0]["main"], task_.task_name), target)
     assert task.template.name == "ms.cuda"
+    return task
+
+
+def test_a_half_precision_convolution_summing_in_float32_builds_on_the_tensor_cores(
+        matmul: TirWorkload, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A float16 convolution that sums in float32 and rounds once (as farm.core.half_import imports
+    PyTorch's) gets tensor-core sketches in dynamic shared memory: no probe is lowered to fit their
+    shared memory (a checked config is replayed alone), and each config builds through the farm's pipeline, where
+    TVM's default one fails every such config (StorageRewrite: base.needs_plain_storage), alone and
+    in a module of several kernels as a model's build lowers them, each with its own options."""
+    import tempfile
+
+    import tvm
+
+    from farm.core.templates import design_space as design_space_module
+    from farm.core.templates.base import (
+        compile_scheduled,
+        needs_plain_storage,
+        register_default_pipeline,
+        with_async_copies,
+    )
+    from farm.core.templates.verify import verify_gpu
+    from workers.compiler import BuildResult, compile_into
+
+    cuda = parse_target("cuda")
+    task = _half_precision_convolution(cuda)
 
     def no_probe(*_: object) -> None:
         raise AssertionError("a probe was lowered to fit a sketch in dynamic shared memory")
@@ -671,6 +682,38 @@ def test_a_half_precision_convolution_summing_in_float32_builds_on_the_tensor_co
     assert all("wmma::mma_sync" in built[f"conv{i}_kernel"] for i in range(2))
     assert built["tiled_async_kernel"].replace("tiled_async_kernel", "main_kernel") == measured["main_kernel"]
     assert built["tiled_kernel"].replace("tiled_kernel", "main_kernel") != measured["main_kernel"]
+
+
+def test_a_tensor_core_sketch_bounds_its_dynamic_shared_memory_from_below() -> None:
+    """The precheck of a float16 convolution's tensor-core sketches fits their dynamic shared
+    buffers, as compacted before lowering merges them: it refuses configs whose largest buffer is
+    over the opt-in limit, never one that the full check (a replay, VerifyGPUCode) accepts, and
+    what it computes never exceeds what the lowered kernel allocates."""
+    from tvm import s_tir
+
+    from farm.core.templates.design_space import design_space
+    from farm.core.templates.verify import lower
+
+    cuda = parse_target("cuda")
+    task = _half_precision_convolution(cuda)
+    space = design_space(task.scheduled_as, cuda)
+    rng = random.Random(1)
+    refused = lowered = 0
+    for _ in range(60):
+        config = task.space.get(rng.randrange(task.space.size))
+        reason = task.precheck(config)
+        if reason is not None:
+            refused += "dynamic shared buffer" in reason
+            assert space.replay(config, bounds=False)[1] is not None, reason
+        elif lowered < 2 and task.check(config) is None:
+            sketch = config["sketch"]
+            (kernel,) = space._footprints[sketch]
+            assert kernel.dynamic
+            allocated = max(int(s_tir.analysis.calculate_allocated_bytes(func)["main"].get("shared.dyn", 0))
+                            for func in lower(task.schedule(config).mod, cuda).functions.values())
+            assert 0 < kernel.bytes(config, space.slots[sketch]) <= allocated
+            lowered += 1
+    assert refused and lowered == 2
 
 
 def test_a_job_with_every_template_keeps_the_faster(matmul: TirWorkload, kernels: dict[str, Path],

@@ -84,14 +84,20 @@ class _Buffer:
 
 @dataclass(frozen=True)
 class _Kernel:
-    """One kernel's shared buffers, as functions of a sketch's decisions."""
+    """One kernel's shared buffers, as functions of a sketch's decisions. `dynamic`: they are the
+    function's dynamic shared buffers as compacted, before lowering pipelines and merges them (and
+    may reuse one's memory for another): their largest then bounds the kernel's allocation from
+    below."""
 
     name: str
     buffers: tuple[_Buffer, ...]
+    dynamic: bool = False
 
     def bytes(self, config: Config, slots: list[_Slot]) -> int:
-        return sum(round(b.scale * math.prod(config[slots[j].knob.name][p] ** e for j, p, e in b.factors))
-                   * b.itemsize for b in self.buffers)
+        """The kernel's shared memory: its buffers' total, or, `dynamic`, at least this much."""
+        sizes = [round(b.scale * math.prod(config[slots[j].knob.name][p] ** e for j, p, e in b.factors)) * b.itemsize
+                 for b in self.buffers]
+        return max(sizes) if self.dynamic else sum(sizes)
 
 
 @dataclass(frozen=True)
@@ -197,9 +203,12 @@ class DesignSpace:
         trace.apply_to_schedule(sch, remove_postproc=True, decision_provider=provide)
         return slots
 
-    def bound_error(self, config: Config) -> str | None:
-        """Why `config` binds more threads to a block than `target` allows, from its decisions
-        alone (microseconds; VerifyGPUCode, after a replay, decides the rest)."""
+    def bound_error(self, config: Config, fit: bool = True) -> str | None:
+        """Why `config` binds more threads to a block than `target` allows, or asks for more shared
+        memory, from its decisions alone (microseconds; VerifyGPUCode, after a replay, decides the
+        rest). The shared memory's model is fitted on first use (`_fit_footprints`: seconds for a
+        tensor-core sketch), with `fit` only: a process that builds configs a search checked would
+        gain nothing by it."""
         sketch = config[SKETCH]
         slots = self.slots[sketch]
         for axis, factors, limit in self.bounds[sketch]:
@@ -207,13 +216,15 @@ class DesignSpace:
             if extent > limit:
                 return f"{extent} {axis} > {limit}"
         if self._target.is_gpu:
-            if sketch not in self._footprints:
+            if fit and sketch not in self._footprints:
                 self._footprints[sketch] = self._fit_footprints(sketch)
+            # The replay's VerifyGPUCode holds static and dynamic shared memory alike to this limit.
             limit = self._target.limit("max_shared_memory_per_block")
-            for kernel in self._footprints[sketch] or []:
+            for kernel in self._footprints.get(sketch) or []:
                 used = kernel.bytes(config, slots)
                 if used > limit:
-                    return f"kernel {kernel.name}: {used} bytes of shared memory > {limit}"
+                    what = "a dynamic shared buffer of" if kernel.dynamic else "shared memory"
+                    return f"kernel {kernel.name}: {used} bytes of {what} > {limit}"
         return None
 
     def _fit_footprints(self, sketch: int) -> list[_Kernel] | None:
@@ -224,13 +235,15 @@ class DesignSpace:
         copies of an affine access the size is a product of tile factors, so a least-squares fit of
         log2 elements on log2 factors over `FIT_PROBES` lowered random configs, kept only when it
         has integer exponents and reproduces every probe exactly, computes it in microseconds.
-        Where it does not (a convolution's halo, dynamic shared memory), the replay alone decides."""
+        Where it does not (a convolution's halo), the replay alone decides.
+
+        A sketch whose stages live in dynamic shared memory (tensor-core sketches: the trace names
+        the scope) is fitted on its buffers as compacted, a few passes short of lowering
+        (`_dynamic_buffers`): lowering merges them into one, which no monomial fits."""
         import numpy as np
 
-        if "shared.dyn" in str(self.traces[sketch]):
-            # Its stages live in dynamic shared memory (tensor-core sketches: the trace names the
-            # scope), which every probe would lower only to be refused (`_shared_buffers`).
-            return None
+        dynamic = "shared.dyn" in str(self.traces[sketch])
+        probe = self._dynamic_buffers if dynamic else self._shared_buffers
         slots = self.slots[sketch]
         # A tile's outermost factor is the extent over the others: a regressor of its own would
         # make the fit's solution one of many (and not the integer one).
@@ -253,7 +266,7 @@ class DesignSpace:
                                                           and k.startswith("choice") else v)
                                                       for (k, v), knob in zip(config.values, [None, *part.knobs],
                                                                               strict=True)}))
-            found = self._shared_buffers(config)
+            found = probe(config)
             if found is None:
                 continue
             if sizes and set(found) != set(sizes[0]):
@@ -273,7 +286,36 @@ class DesignSpace:
             factors = tuple((j, p, int(e)) for (j, p), e in zip(positions, exponents, strict=True) if e)
             kernels.setdefault(key[0], []).append(
                 _Buffer(float(2 ** coefficients[-1]), factors, sizes[0][key][1]))
-        return [_Kernel(name, tuple(buffers)) for name, buffers in sorted(kernels.items())]
+        return [_Kernel(name, tuple(buffers), dynamic) for name, buffers in sorted(kernels.items())]
+
+    def _dynamic_buffers(self, config: Config) -> dict[tuple[str, str], tuple[int, int]] | None:
+        """{("main", buffer): (elements, bytes per element)} of the dynamic shared buffers of
+        `config`'s schedule, each compacted to the region it holds (TVM's default TIR pipeline up to
+        CompactBufferAllocation: milliseconds); None if it does not replay or allocates none."""
+        import tvm
+        from tvm import s_tir
+
+        from farm.core.templates.base import statements
+        from farm.core.templates.verify import itemsize
+
+        sch, _ = self.replay(config, postprocs=[p for p in self.postprocs if type(p).__name__ != "VerifyGPUCode"],
+                             bounds=False)
+        if sch is None:
+            return None
+        t = s_tir.transform
+        compact = tvm.transform.Sequential([
+            t.CanonicalizeLoop(), t.LowerCrossThreadReduction(), t.LowerInitBlock(),
+            t.PlanAndUpdateBufferAllocationLocation(), t.ConvertBlocksToOpaque(), t.LiftThreadBinding(),
+            t.ManifestSharedMemoryLocalStage(), t.CompactBufferAllocation()])
+        try:
+            with tvm.transform.PassContext():
+                func = compact(sch.mod)["main"]
+        except Exception:  # a schedule TVM cannot lower: no probe
+            return None
+        found = {("main", buffer.name): (math.prod(int(d) for d in buffer.shape), itemsize(str(buffer.dtype)))
+                 for stmt in statements(func.body) for buffer in getattr(stmt, "alloc_buffers", ())
+                 if buffer.scope() == "shared.dyn"}
+        return found or None
 
     def _shared_buffers(self, config: Config) -> dict[tuple[str, str], tuple[int, int]] | None:
         """{(kernel, buffer): (elements, bytes per element)} of every shared buffer of `config`'s
@@ -292,10 +334,11 @@ class DesignSpace:
     def replay(self, config: Config, postprocs: list[Any] | None = None,
                bounds: bool = True) -> tuple[Any | None, str | None]:
         """(the schedule of `config`, None), or (None, why it is invalid); `postprocs`: those to
-        apply (default: all), `bounds`: whether `bound_error` decides first."""
+        apply (default: all), `bounds`: whether `bound_error` decides first (with the shared memory's
+        model where a precheck has fitted it)."""
         from tvm import s_tir
 
-        why = self.bound_error(config) if bounds else None
+        why = self.bound_error(config, fit=False) if bounds else None
         if why is not None:
             return None, why
         sketch = config[SKETCH]

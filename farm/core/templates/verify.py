@@ -99,11 +99,11 @@ def shared_allocations(lowered: Any) -> dict[tuple[str, str], tuple[int, int]] |
                 continue
             if buffer.scope() != "shared":
                 return None
-            out[(gvar.name_hint, buffer.name)] = (math.prod(int(d) for d in buffer.shape), _itemsize(str(buffer.dtype)))
+            out[(gvar.name_hint, buffer.name)] = (math.prod(int(d) for d in buffer.shape), itemsize(str(buffer.dtype)))
     return out
 
 
-def _itemsize(dtype: str) -> int:
+def itemsize(dtype: str) -> int:
     """Bytes of one element of `dtype` (``float16``, ``float32x4``; ``bool``: 1)."""
     bits = re.search(r"\d+", dtype.split("x")[0])
     lanes = int(dtype.split("x")[1]) if "x" in dtype else 1
