@@ -129,10 +129,7 @@ class SearchStrategy(ABC):
         """Use the cost model retrained after a round (no-op for model-free strategies)."""
 
     def _valid(self, index: int) -> bool:
-        config = self.task.space.get(index)
-        # The cheap necessary condition first: a design space's check replays the config (up to
-        # 90 ms on a tensor-core sketch), and most random configs of one fail the precheck.
-        if self.task.precheck(config) is None and self.task.check(config) is None:
+        if self.task.valid(self.task.space.get(index)):
             return True
         self.skipped_invalid += 1
         return False

@@ -66,6 +66,14 @@ class Task:
         """The template's cheap necessary condition of `check` (`Template.precheck`)."""
         return self.template.precheck(self.scheduled_as, self.target, config)
 
+    def valid(self, config: Config) -> bool:
+        """Whether `config` passes `check`, refused by the template's own `precheck` first where it
+        has one: a costly check (a design space's replay) then runs only on configs that pass it.
+        Where the precheck is the check itself, the check runs once."""
+        if type(self.template).precheck is not Template.precheck and self.precheck(config) is not None:
+            return False
+        return self.check(config) is None
+
     def schedule(self, config: Config) -> Any:
         return self.template.schedule(self.scheduled_as, self.target, config)
 

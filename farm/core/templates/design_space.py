@@ -293,23 +293,16 @@ class DesignSpace:
         `config`'s schedule, each compacted to the region it holds (TVM's default TIR pipeline up to
         CompactBufferAllocation: milliseconds); None if it does not replay or allocates none."""
         import tvm
-        from tvm import s_tir
 
         from farm.core.templates.base import statements
         from farm.core.templates.verify import itemsize
 
-        sch, _ = self.replay(config, postprocs=[p for p in self.postprocs if type(p).__name__ != "VerifyGPUCode"],
-                             bounds=False)
+        sch = self._unverified(config)
         if sch is None:
             return None
-        t = s_tir.transform
-        compact = tvm.transform.Sequential([
-            t.CanonicalizeLoop(), t.LowerCrossThreadReduction(), t.LowerInitBlock(),
-            t.PlanAndUpdateBufferAllocationLocation(), t.ConvertBlocksToOpaque(), t.LiftThreadBinding(),
-            t.ManifestSharedMemoryLocalStage(), t.CompactBufferAllocation()])
         try:
             with tvm.transform.PassContext():
-                func = compact(sch.mod)["main"]
+                func = _compact_buffers()(sch.mod)["main"]
         except Exception:  # a schedule TVM cannot lower: no probe
             return None
         found = {("main", buffer.name): (math.prod(int(d) for d in buffer.shape), itemsize(str(buffer.dtype)))
@@ -322,14 +315,19 @@ class DesignSpace:
         lowered kernels; None if it does not lower, or holds dynamic shared memory."""
         from farm.core.templates.verify import lower, shared_allocations
 
-        sch, _ = self.replay(config, postprocs=[p for p in self.postprocs if type(p).__name__ != "VerifyGPUCode"],
-                             bounds=False)
+        sch = self._unverified(config)
         if sch is None:
             return None
         try:
             return shared_allocations(lower(sch.mod, self._target))
         except Exception:  # a schedule TVM cannot lower: no probe
             return None
+
+    def _unverified(self, config: Config) -> Any | None:
+        """`config`'s schedule with every postprocessor but VerifyGPUCode (a probe of its shared
+        memory, which VerifyGPUCode would refuse where it is too large), or None."""
+        return self.replay(config, postprocs=[p for p in self.postprocs if type(p).__name__ != "VerifyGPUCode"],
+                           bounds=False)[0]
 
     def replay(self, config: Config, postprocs: list[Any] | None = None,
                bounds: bool = True) -> tuple[Any | None, str | None]:
@@ -412,6 +410,20 @@ def _thread_bounds(trace: Any, target: TargetSpec) -> list[tuple[str, list[tuple
             if axis in limits and factors is not None:
                 bounds.append((axis, factors, limits[axis]))
     return bounds
+
+
+@lru_cache(maxsize=1)
+def _compact_buffers() -> Any:
+    """TVM's default TIR pipeline up to CompactBufferAllocation: each buffer shrunk to the region it
+    holds, before buffers are pipelined, flattened or merged."""
+    import tvm
+    from tvm import s_tir
+
+    t = s_tir.transform
+    return tvm.transform.Sequential([
+        t.CanonicalizeLoop(), t.LowerCrossThreadReduction(), t.LowerInitBlock(),
+        t.PlanAndUpdateBufferAllocationLocation(), t.ConvertBlocksToOpaque(), t.LiftThreadBinding(),
+        t.ManifestSharedMemoryLocalStage(), t.CompactBufferAllocation()])
 
 
 def _location_kept(sch: Any, block: Any, location: int) -> bool:
