@@ -42,7 +42,8 @@ output, `correct` when the largest is within TOLERANCE) and timed side by side b
 - tvm untuned: `farm.torch.compile(module, inputs, target=T)` with no records: TVM's default
   schedules (DLight on GPUs), CUDA graphs on; its build seconds;
 - farm: `farm.torch.compile(module, inputs, target=T, best=EXPORT)`, CUDA graphs on; its build
-  seconds and how many kernels came from tuning (CompiledModel.tuned / untuned);
+  seconds, how many kernels came from tuning (CompiledModel.tuned / untuned) and how many of those
+  keep TVM's default schedule, no config having beaten it (`defaults`);
 - metaschedule: compile_relax's executable, run by the same torch-tensor wrapper (farm.torch's
   FarmModule over DLPack, on PyTorch's stream; compile_relax builds without CUDA graphs).
 The farm's builds import the module from its CPU copy (as `farm tune-model` does) and run on the
@@ -286,7 +287,7 @@ def farm_build(model: Any, inputs: tuple[Any, ...], target: str, best: Path | No
     compiled = module.compiled
     return module, {"build_s": time.perf_counter() - begin, "tuned": len(compiled.tuned),
                     "untuned": len(compiled.untuned), "kernels": len(compiled.tuned) + len(compiled.untuned),
-                    "warnings": len(caught)}
+                    "tvm_default": len(compiled.defaults), "warnings": len(caught)}
 
 
 def timed_process(command: list[str], log: Path, limit: float | None = None) -> tuple[float, int | None]:
@@ -419,7 +420,7 @@ def metaschedule(path: Path, args: argparse.Namespace, seed: int, out_spec: Any)
             executable = ms.relax_integration.compile_relax(database, model.mod, spec.tvm(), params=None)
         figures.update(compile_s=time.perf_counter() - begin, tuned=len(tuned), kernels=len(tasks))
         untuned = [t.task_name for t in tasks if t.task_name not in tuned]
-        module = FarmModule(CompiledModel(model, spec, executable, tuned, untuned), out_spec)
+        module = FarmModule(CompiledModel(model, spec, executable, tuned, untuned, []), out_spec)
     except Exception as e:  # no records file, a database TVM cannot load, a build that fails
         return None, {**figures, "error": one_line(e)}
     return module, figures

@@ -43,7 +43,7 @@ def best_config(task: Task, best: str | Path | dict[str, Any] | None, allow_stal
     """The config of the fastest record of the export `best` for this task (its template's), or
     None when it holds none."""
     rec = best_record(task.workload, task.target, best, allow_stale)
-    return task.space.from_json(rec["config"]) if rec is not None and rec["template"] == task.template.name else None
+    return task.config_from_json(rec["config"]) if rec is not None and rec["template"] == task.template.name else None
 
 
 def build(workload: str | Workload, target: str | dict[str, Any] | TargetSpec, best: str | Path | None = None,
@@ -59,7 +59,7 @@ def build(workload: str | Workload, target: str | dict[str, Any] | TargetSpec, b
     spec = parse_target(target)
     rec = best_record(wl, spec, best, allow_stale)
     task = Task(wl, spec, rec["template"] if rec is not None else None)
-    config = task.space.from_json(rec["config"]) if rec is not None else None
+    config = task.config_from_json(rec["config"]) if rec is not None else None
     if config is None:
         config = task.default_config()
         where = f"in {best}" if best is not None else "given (no export)"

@@ -10,7 +10,9 @@ fastest record the farm has of each kernel for the target: from an export (`best
 as `farm export` writes it), from a job, or from the farm's database itself (`db`: every job's
 trials, the fastest per kernel, as Lorien's and TopHub's databases serve later builds). A kernel
 with no record, or one whose record MetaSchedule cannot replay, is scheduled by TVM's defaults
-(DLight on GPUs) and named in a warning; `tuned` and `untuned` say which kernels are which.
+(DLight on GPUs) and named in a warning; `tuned` and `untuned` say which kernels are which. A
+kernel whose fastest record is its task's baseline, TVM's own schedule measured beside the
+configs (farm.core.task.Task.baseline_index), is built by that default path too (`defaults`).
 
 On CUDA the model's kernel launches are captured in a CUDA graph (Relax's
 ``relax.backend.use_cuda_graph``) unless `cuda_graph` is false: a model of many small kernels at
@@ -30,8 +32,9 @@ from db.store import ResultStore
 from farm.core.errors import FarmError, one_line
 from farm.core.model import Model, ModelTask, fuse_passes, load_model, relax_passes
 from farm.core.targets import TargetSpec, parse_target
-from farm.core.task import Task
+from farm.core.task import BASELINE, Task
 from farm.core.templates.base import register_default_pipeline, with_async_copies
+from farm.core.templates.tvm_default import default_gpu_rules
 from farm.core.workloads import workload_from_json
 from farm.export import commit, export_document, load, metaschedule_schedule, record, validate
 
@@ -43,9 +46,12 @@ class CompiledModel:
     """A model built for one target: call it on NumPy arrays (or TVM tensors) of the model's inputs."""
 
     def __init__(self, model: Model, target: TargetSpec, executable: Any, tuned: list[str],
-                 untuned: list[str]) -> None:
+                 untuned: list[str], defaults: list[str]) -> None:
         self.model, self.target, self.executable = model, target, executable
-        self.tuned, self.untuned = tuned, untuned  # kernel names
+        # Kernel names: those built as their fastest record says, those without a record (TVM's
+        # default schedules), and those of `tuned` whose fastest record is TVM's default schedule
+        # itself (a task's baseline, which no config beat).
+        self.tuned, self.untuned, self.defaults = tuned, untuned, defaults
         self._vm: Any = None
 
     @property
@@ -124,25 +130,30 @@ def compile_model(model: Any, example_inputs: Sequence[Any] | None = None, *,
                              if given)
         raise FarmError(f"{where} holds no record of any kernel of model {m.name} on {spec.kind}: tune it first "
                         f"(farm tune-model)")
-    scheduled, refused = [], []
+    scheduled, refused, defaults = [], [], []
     for task in tasks:
         rec = records.get(task.workload.key)
         if rec is None:
+            continue
+        if rec["config"] == BASELINE:
+            # TVM's own schedule measured fastest: the build's default path makes that very schedule
+            # (and MetaSchedule's databases return no record of an empty trace, a CPU's baseline).
+            defaults.append(task.name)
             continue
         try:
             scheduled.append(metaschedule_schedule(rec))
         except FarmError as e:
             refused.append(f"{task.name} ({e})")
     applied: set[str] = set()  # the kernels MetaScheduleApplyDatabase scheduled
-    executable = _build(m, spec, scheduled, cuda_graph, applied)
-    tuned = [t.name for t in tasks if t.name in applied]
-    untuned = [t.name for t in tasks if t.name not in applied] + [name for name, _ in m.untunable]
+    executable = _build(m, spec, scheduled, cuda_graph, applied, defaults)
+    tuned = [t.name for t in tasks if t.name in applied or t.name in defaults]
+    untuned = [t.name for t in tasks if t.name not in tuned] + [name for name, _ in m.untunable]
     if untuned:
         warnings.warn(f"{len(untuned)} of {len(tasks) + len(m.untunable)} kernels of {m.name} have no tuned record "
                       f"and use TVM's default schedules: {', '.join(untuned)}", stacklevel=2)
     for why in refused:
         warnings.warn(f"a record MetaSchedule cannot replay: {why}", stacklevel=2)
-    return CompiledModel(m, spec, executable, tuned, untuned)
+    return CompiledModel(m, spec, executable, tuned, untuned, defaults)
 
 
 def _records_for(tasks: list[ModelTask], target: TargetSpec, best: Records | None,
@@ -178,12 +189,12 @@ def _for_target(rec: dict[str, Any], target: TargetSpec) -> bool:
 
 
 def _build(model: Model, target: TargetSpec, scheduled: list[tuple[dict[str, Any], Task, Any]],
-           cuda_graph: bool, applied: set[str]) -> Any:
+           cuda_graph: bool, applied: set[str], defaults: list[str]) -> Any:
     """Relax's build of the model with the records applied: the fusion passes of tuning, the database,
     DLight for the rest on GPUs, then Relax's own lowering (as `compile_relax` does), the kernels
     lowered by the TIR pipeline of the tuning builds and with their options (base.DEFAULT_PIPELINE,
-    base.with_async_copies for the kernels the database scheduled). Adds to `applied` the kernels
-    the database scheduled."""
+    base.with_async_copies for the kernels the database scheduled and for `defaults`, those whose
+    measured record is TVM's own schedule). Adds to `applied` the kernels the database scheduled."""
     import tvm
     from tvm import relax
     from tvm.s_tir import dlight as dl
@@ -199,10 +210,9 @@ def _build(model: Model, target: TargetSpec, scheduled: list[tuple[dict[str, Any
         mod = relax.transform.MetaScheduleApplyDatabase()(mod)
         applied.update(gv.name_hint for gv, func in mod.functions.items()
                        if func.attrs is not None and "tirx.is_scheduled" in func.attrs)
-        mod = with_async_copies(mod, applied)
+        mod = with_async_copies(mod, applied | set(defaults))
         if target.is_gpu:
-            mod = dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(),
-                                          dl.gpu.GeneralReduction(), dl.gpu.Fallback())(mod)
+            mod = dl.ApplyDefaultSchedule(*default_gpu_rules())(mod)
         passes = [*relax_passes(target, "dataflow_lower_passes"), *relax_passes(target, "finalize_passes")]
         return tvm.transform.Sequential(passes)(mod)
 

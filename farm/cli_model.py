@@ -148,8 +148,10 @@ def build_model(
         out.print(f"outputs match {loaded.framework_name} (largest relative difference {error:.2e})", markup=False)
     with replacing(output, suffix=".so") as tmp:
         compiled.executable.export_library(str(tmp))
+    kept = f" ({len(compiled.defaults)} of them TVM's default schedule, which no config beat)" \
+        if compiled.defaults else ""
     out.print(f"wrote {output}: {loaded.name} for {compiled.target.kind}, {len(compiled.tuned)} of {total} kernels "
-              "from tuning", markup=False, highlight=False)
+              f"from tuning{kept}", markup=False, highlight=False)
 
 
 def print_breakdown(job: dict[str, Any]) -> None:

@@ -224,7 +224,7 @@ def _validate_record(rec: Any, where: str, allow_stale: bool) -> Task:
     try:
         # FarmError naming the templates that do schedule it, for one that does not.
         task = Task(workload_from_json(rec["workload"]), parse_target(rec["target"]), rec["template"])
-        task.space.from_json(rec["config"])
+        task.config_from_json(rec["config"])
     except FarmError as e:
         raise FarmError(f"{where}: {e}") from None
     if rec["template_version"] != task.template.version and not allow_stale:
@@ -258,7 +258,7 @@ def metaschedule_schedule(rec: dict[str, Any]) -> tuple[dict[str, Any], Task, An
     from farm.core.workloads import workload_from_json
 
     task = Task(workload_from_json(rec["workload"]), parse_target(rec["target"]), rec.get("template"))
-    sch = task.schedule(task.space.from_json(rec["config"]))
+    sch = task.schedule(task.config_from_json(rec["config"]))
     if tir_pipeline(sch.mod) != DEFAULT_PIPELINE:
         raise FarmError(f"{task.template.name} kernels are written in TIRx, not scheduled, so MetaSchedule "
                         f"cannot replay them: export {task.workload} with --format farm (the default) and build "

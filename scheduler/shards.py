@@ -63,5 +63,7 @@ def shard_search(search: str, task: Task, seed: int, shard: Shard,
 
 
 def proposal(strategy: SearchStrategy, n: int) -> Proposal:
-    """`strategy`'s next `n` configs, each with its origin."""
-    return [(index, strategy.origin(index)) for index in strategy.propose(n)]
+    """`strategy`'s next `n` configs, each with its origin: the task's baseline first where the
+    shard has it to propose (`SearchStrategy.baseline`)."""
+    first = [(index, "baseline") for index in strategy.baseline()][:n]
+    return first + [(index, strategy.origin(index)) for index in strategy.propose(n - len(first))]

@@ -727,7 +727,7 @@ class _TaskLoop:
                 return
             log.warning("worker %s failed on %d candidates of %s for the %d. time (%s); recording them as failed",
                         name, len(chunk.indices), self.task, chunk.attempt, one_line(e))
-            results = [MeasureResult(i, self.task.space.get(i).to_json(), Status.RUNTIME_ERROR,
+            results = [MeasureResult(i, self.task.config(i).to_json(), Status.RUNTIME_ERROR,
                                      f"worker failed {chunk.attempt} times: {one_line(e)}", worker=name,
                                      shard=chunk.shard, round=chunk.round) for i in chunk.indices]
         self.returned[chunk.worker] = True

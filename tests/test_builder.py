@@ -183,6 +183,24 @@ def test_farm_build_compiles_the_device_code_as_the_measured_candidate(
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (CUDA's compiler) on this machine")
+@pytest.mark.parametrize("kind", ["llvm", "cuda"])
+def test_a_tasks_baseline_is_the_schedule_a_models_build_gives_an_untuned_kernel(kind: str, tmp_path: Path) -> None:
+    """The baseline config builds TVM's own schedule of the kernel: DLight's on cuda (threads bound,
+    as Relax's GPU build schedules a kernel it has no record of), the function as written on llvm;
+    MetaSchedule replays its record's trace on the workload, as a model's build applies it."""
+    from farm.export import metaschedule_schedule
+
+    task = Task(make_workload("matmul", {"M": 64, "N": 64, "K": 64}), parse_target(kind))
+    result = builder.build_one(json.dumps(task.to_json(), sort_keys=True), task.baseline_index, str(tmp_path))
+    assert result.status is None and result.library and result.config == {"schedule": "tvm-default"}, result.error
+    sch = task.schedule(task.config(task.baseline_index))
+    assert ("threadIdx.x" in sch.mod.script()) == (kind == "cuda") and bool(sch.trace.insts) == (kind == "cuda")
+    rec = {"workload": task.workload.to_json(), "target": task.target.to_json(), "template": task.template.name,
+           "config": result.config, "latency_us": 1.0}
+    assert str(metaschedule_schedule(rec)[2].trace) == str(sch.trace)  # FarmError where it would not replay
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (CUDA's compiler) on this machine")
 def test_warm_build_builds_a_small_kernel_of_each_kind() -> None:
     for kind in ("llvm", "cuda"):
         result = builder.warm_build(kind)

@@ -19,6 +19,7 @@ import pytest
 from farm.core.allocation import FAILING_SLICES, GradientAllocation, TaskState, model_kernels, model_latency
 from farm.core.errors import FarmError
 from farm.core.targets import parse_target
+from farm.core.task import BASELINE
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("onnx")
@@ -249,6 +250,9 @@ def test_tune_a_model_build_it_and_reuse_its_kernels(tmp_path: Path) -> None:
                                "FROM tasks LEFT JOIN trials ON trials.task_id = tasks.id GROUP BY tasks.id").fetchall()
     assert sum(n for _, _, n, _ in per_task) == 24  # the job's budget, exactly
     assert all(n == distinct == budget and n > 0 for _, budget, n, distinct in per_task)  # each kernel tuned
+    with sqlite3.connect(tmp_path / "farm.db") as con:  # each kernel's baseline, TVM's own schedule, measured
+        baselines = con.execute("SELECT count(*) FROM trials WHERE origin = 'baseline' GROUP BY task_id").fetchall()
+    assert baselines == [(1,)] * len(per_task)
     assert _overlapping_slices(tmp_path / "farm.db", 1)  # the next slice builds while the last one measures
     proc = farm("status", "1", "--db", db, cwd=tmp_path)
     assert proc.returncode == 0 and "estimated model latency (Σ calls x best): " in proc.stdout, proc.stderr
@@ -260,6 +264,8 @@ def test_tune_a_model_build_it_and_reuse_its_kernels(tmp_path: Path) -> None:
                 cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "4 of 4 kernels from tuning" in proc.stdout and "outputs match PyTorch eager" in proc.stdout
+    kept = sum(r["config"] == BASELINE for r in json.loads((tmp_path / "best.json").read_text())["records"])
+    assert (f"({kept} of them TVM's default schedule" in proc.stdout) == (kept > 0), proc.stdout
     vm = relax.VirtualMachine(tvm.runtime.load_module(str(tmp_path / "first.so")), tvm.cpu())
     x = np.random.default_rng(1).uniform(-1, 1, (1, 3, 8, 8)).astype("float32")
     import runpy

@@ -15,8 +15,9 @@ from farm.core.features import featurizer
 from farm.core.measure import MeasureResult, Status
 from farm.core.search import ORIGINS, QUICK_FIRST, STRATEGIES, RandomSearch, XGBSearch, make_search
 from farm.core.targets import parse_target
-from farm.core.task import Task
+from farm.core.task import BASELINE, Task
 from farm.core.workloads import make_workload
+from scheduler.shards import proposal
 
 
 def synthetic_latency(task: Task, indices: np.ndarray) -> np.ndarray:
@@ -207,6 +208,33 @@ def test_exploration_share_falls_to_late_eps_once_the_shard_has_late_results(
         search.observe([MeasureResult(i, {}, Status.OK, latencies=[1e-5]) for i in range(43)])
     assert (default.share(), off.share()) == (0.15, off.epsilon)
 
+
+
+@pytest.mark.parametrize("search", ["random", "grid", "xgb"])
+def test_the_tasks_baseline_is_shard_zeros_first_proposal_once(resnet_cuda: tuple[Task, CostModel],
+                                                                search: str) -> None:
+    """Every task's first candidate is TVM's own schedule of it (Task.baseline_index, one past the
+    space): proposed by shard 0 before its strategy's configs, with origin "baseline", once; never
+    by another shard, nor by a search told it was measured; its result teaches the search nothing
+    (no knobs describe it), and it reads back from its stored JSON."""
+    task, model = resnet_cuda
+    zero, one = (make_search(search, task, shard, 3) for shard in task.space.shards(2))
+    first = proposal(zero, 4)
+    assert first[0] == (task.baseline_index, "baseline") and len(first) == 4
+    assert all(i in task.space.shards(2)[0] for i, _ in first[1:])
+    assert "baseline" not in dict(proposal(zero, 4)).values()
+    assert task.baseline_index not in dict(proposal(one, 4))
+    told = make_search(search, task, task.space.shards(2)[0], 3)
+    told.mark_measured({task.baseline_index: 2e-5})
+    assert task.baseline_index not in dict(proposal(told, 4))
+    assert proposal(make_search(search, task, task.space.shards(1)[0], 3), 1) == [(task.baseline_index, "baseline")]
+    baseline = task.config(task.baseline_index)
+    assert task.is_baseline(baseline) and task.check(baseline) is None and task.precheck(baseline) is None
+    assert task.config_from_json(baseline.to_json()) == baseline and baseline.to_json() == BASELINE
+    zero.set_model(model)
+    zero.observe([MeasureResult(task.baseline_index, baseline.to_json(), Status.OK, latencies=[1e-6])])
+    assert task.baseline_index not in getattr(zero, "_measured", {})
+    assert len(proposal(zero, 8)) == 8
 
 
 def test_a_search_started_again_remembers_what_its_shard_measured(resnet_cuda: tuple[Task, CostModel]) -> None:

@@ -65,7 +65,7 @@ def build_one(task_json: str, index: int, out_dir: str) -> BuildResult:
     """Build config `index` of the task into `out_dir` (runs in a pool process)."""
     start, started = time.perf_counter(), time.time()
     task = _task(task_json)
-    config = task.space.get(index)
+    config = task.config(index)
     result = BuildResult(index, config.to_json())
     try:
         reason = task.check(config)
@@ -298,7 +298,7 @@ class ProcessPoolBuilder:
                     warming = False
                 result, replace = self._build_in(proc, conn, request)
             except Exception as e:  # its process could not be started or talked to
-                result = BuildResult(request.index, request.task.space.get(request.index).to_json(),
+                result = BuildResult(request.index, request.task.config(request.index).to_json(),
                                      Status.BUILD_ERROR, f"the build process failed: {one_line(e)}")
                 replace = True
             if replace:
@@ -361,7 +361,7 @@ class ProcessPoolBuilder:
         limit, why = self.deadline(request.task_json)
         start, paused_before = time.monotonic(), self._paused_so_far()
         conn.send((request.task_json, request.index, self.dir))
-        config = request.task.space.get(request.index).to_json()
+        config = request.task.config(request.index).to_json()
 
         def building() -> float:  # seconds this build has run, pauses left out
             return time.monotonic() - start - (self._paused_so_far() - paused_before)

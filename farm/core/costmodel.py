@@ -294,6 +294,7 @@ def spearman(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.ndarray) -
 def rank_correlation(model: CostModel, task: Task, results: Sequence[MeasureResult]) -> float | None:
     """How well `model` ranked `results` of `task`: Spearman between its scores and the measured
     throughput (failed configs slowest). None if the model is untrained or nothing can be ranked."""
+    results = [r for r in results if r.config_index != task.baseline_index]  # no knobs to score
     if not model.trained or not results:
         return None
     feats = featurizer(task)

@@ -58,8 +58,9 @@ QUICK_FIRST = 16
 # The longest search spec: a job stores it in a 32-character column (db.models.Job.search).
 MAX_SEARCH_CHARS = 32
 # What may propose a config (`SearchStrategy.origin`, stored with each trial): a uniform draw, the
-# grid's order, the model-guided search's screened exploration, or its plan (the model's best).
-ORIGINS = ("random", "grid", "explore", "plan")
+# grid's order, the model-guided search's screened exploration, or its plan (the model's best);
+# or, before any of them, the task's baseline (`SearchStrategy.baseline`).
+ORIGINS = ("random", "grid", "explore", "plan", "baseline")
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,17 @@ class SearchStrategy(ABC):
         if unknown:
             raise TypeError(f"{cls.__name__} got unexpected options {unknown}; its options: {list(cls.OPTIONS)}")
         return {name: options.get(name, option.default) for name, option in cls.OPTIONS.items()}
+
+    def baseline(self) -> list[int]:
+        """The task's baseline (`Task.baseline_index`: TVM's own schedule of the kernel) the first
+        time shard 0 is asked, unless it was measured before; [] otherwise. The tuning loop
+        proposes it before the strategy's own configs (scheduler.shards.proposal), so every task's
+        first candidate is the schedule its model's build would otherwise get."""
+        index = self.task.baseline_index
+        if self.shard.number != 0 or index in self.seen:
+            return []
+        self.seen.add(index)
+        return [index]
 
     def mark_measured(self, measured: Mapping[int, float | None]) -> None:
         """Configs measured before this search began (another shard's worker, an earlier run or
@@ -304,7 +316,8 @@ class XGBSearch(RandomSearch):
     def observe(self, results: list[MeasureResult]) -> None:
         for r in results:
             self.seen.add(r.config_index)
-            self._measured[r.config_index] = r.latency if r.latency is not None else math.inf
+            if r.config_index in self.shard:  # not the baseline, which no knobs describe
+                self._measured[r.config_index] = r.latency if r.latency is not None else math.inf
 
     def mark_measured(self, measured: Mapping[int, float | None]) -> None:
         """Also remembered as if observed, where of this shard: a search started again for a task

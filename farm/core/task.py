@@ -11,7 +11,12 @@ from farm.core.errors import FarmError
 from farm.core.space import Config, ConfigSpace
 from farm.core.targets import TargetSpec, parse_target
 from farm.core.templates import Template, templates_for
+from farm.core.templates.tvm_default import default_schedule
 from farm.core.workloads import Workload, workload_from_json
+
+# The baseline's config as trials store it: the schedule a model's build gives a kernel that has
+# no tuned record (`Task.baseline_index`).
+BASELINE: dict[str, Any] = {"schedule": "tvm-default"}
 
 
 @dataclass(frozen=True)
@@ -50,6 +55,29 @@ class Task:
     def space(self) -> ConfigSpace:
         return self.template.space(self.scheduled_as, self.target)
 
+    @property
+    def baseline_index(self) -> int:
+        """The index of the task's baseline, one past the space's last config: the workload's
+        function as TVM schedules it untuned (`templates.base.default_schedule`: DLight's rules on
+        GPUs, as a model's build schedules a kernel it has no record of). A task's first candidate
+        (`SearchStrategy.baseline`), so that a kernel whose template cannot beat TVM's own schedule
+        keeps that schedule, as the fastest record of the task, instead of a slower one."""
+        return self.space.size
+
+    def config(self, index: int) -> Config:
+        """Config `index` of the space, or the baseline (`baseline_index`). IndexError beyond."""
+        if index == self.baseline_index:
+            return Config(index, tuple(BASELINE.items()))
+        return self.space.get(index)
+
+    def config_from_json(self, doc: dict[str, Any]) -> Config:
+        """The config a trial stored as `doc` (`Config.to_json`); FarmError where it is not one of
+        the space's (`ConfigSpace.from_json`) or the baseline."""
+        return self.config(self.baseline_index) if doc == BASELINE else self.space.from_json(doc)
+
+    def is_baseline(self, config: Config) -> bool:
+        return config.index == self.baseline_index
+
     def default_config(self) -> Config:
         """The template's fallback: the first config, in index order, that passes its check."""
         for index in range(min(self.space.size, 1_000_000)):
@@ -59,11 +87,16 @@ class Task:
         raise RuntimeError(f"{self.template.name} has no valid config for {self}")
 
     def check(self, config: Config) -> str | None:
-        """None if the config passes the template's pre-build validity check, else why not."""
+        """None if the config passes the template's pre-build validity check, else why not (the
+        baseline's is its build)."""
+        if self.is_baseline(config):
+            return None
         return self.template.check(self.scheduled_as, self.target, config)
 
     def precheck(self, config: Config) -> str | None:
         """The template's cheap necessary condition of `check` (`Template.precheck`)."""
+        if self.is_baseline(config):
+            return None
         return self.template.precheck(self.scheduled_as, self.target, config)
 
     def valid(self, config: Config) -> bool:
@@ -75,6 +108,10 @@ class Task:
         return self.check(config) is None
 
     def schedule(self, config: Config) -> Any:
+        """The `s_tir.Schedule` of `config`: the template's, or the baseline's of the task's own
+        workload."""
+        if self.is_baseline(config):
+            return default_schedule(self.workload, self.target)
         return self.template.schedule(self.scheduled_as, self.target, config)
 
     @property
