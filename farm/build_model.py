@@ -136,8 +136,7 @@ def compile_model(model: Any, example_inputs: Sequence[Any] | None = None, *,
         if rec is None:
             continue
         if rec["config"] == BASELINE:
-            # TVM's own schedule measured fastest: the build's default path makes that very schedule
-            # (and MetaSchedule's databases return no record of an empty trace, a CPU's baseline).
+            # TVM's own schedule measured fastest: the build's default path makes that very schedule.
             defaults.append(task.name)
             continue
         try:

@@ -194,7 +194,7 @@ def test_a_tasks_baseline_is_the_schedule_a_models_build_gives_an_untuned_kernel
     result = builder.build_one(json.dumps(task.to_json(), sort_keys=True), task.baseline_index, str(tmp_path))
     assert result.status is None and result.library and result.config == {"schedule": "tvm-default"}, result.error
     sch = task.schedule(task.config(task.baseline_index))
-    assert ("threadIdx.x" in sch.mod.script()) == (kind == "cuda") and bool(sch.trace.insts) == (kind == "cuda")
+    assert ("threadIdx.x" in sch.mod.script()) == (kind == "cuda")
     rec = {"workload": task.workload.to_json(), "target": task.target.to_json(), "template": task.template.name,
            "config": result.config, "latency_us": 1.0}
     assert str(metaschedule_schedule(rec)[2].trace) == str(sch.trace)  # FarmError where it would not replay

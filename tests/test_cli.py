@@ -182,6 +182,8 @@ def test_model_guided_tuning_learns_visibly_and_predicts_new_shapes(tmp_path: Pa
     assert len(configs) == 3 and all(task.check(task.space.from_json(c)) is None for c in configs)
     curve = farm("report", "1", "-o", str(tmp_path / "curve.png"), "--db", db, cwd=tmp_path)
     assert curve.returncode == 0 and (tmp_path / "curve.png").read_bytes()[:4] == b"\x89PNG"
-    # What proposed the trials: the first round's random draws, then the model's plan and exploration.
+    # What proposed the trials: the baseline and the first round's random draws, then the model's plan and
+    # exploration.
     origins = next(line for line in curve.stdout.splitlines() if "trials by origin:" in line)
-    assert origins.split(": ", 1)[1].startswith("random ") and "plan " in origins and "the best by " in origins
+    assert "baseline 1 (best " in origins and "random " in origins
+    assert "plan " in origins and "the best by " in origins

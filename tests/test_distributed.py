@@ -63,7 +63,9 @@ def test_two_worker_actors_share_a_job_exactly(pg_url: str, ray_local: None) -> 
     """Model-guided: the shards' searches run in Ray actors, and the model retrained after the
     first round guides the later ones."""
     store = open_store(pg_url)
-    request = JobRequest.build(SMALL, "llvm", 22, workers=2, batch_size=4, search="xgb")
+    # Rounds of 10 (2 workers x batch 5): the first holds the task's baseline, which trains nothing,
+    # and 9 configs, as many as a first model needs and more.
+    request = JobRequest.build(SMALL, "llvm", 22, workers=2, batch_size=5, search="xgb")
     job_id = store.submit(request)
     with Scheduler(store) as scheduler:
         assert store.claim_job(scheduler.id, job_id=job_id) == job_id
@@ -88,15 +90,15 @@ def test_two_worker_actors_share_a_job_exactly(pg_url: str, ray_local: None) -> 
     assert store.job_status(job_id) == "done"
     (task,) = store.tasks(job_id)
     rounds = store.rounds(task["id"])
-    # A round closes every 8 results (2 workers x batch 4), or later while the previous round's
-    # model is still training in the background; the last one closes with the budget.
+    # A round closes every 10 results, or later while the previous round's model is still training in
+    # the background; the last one closes with the budget.
     assert 2 <= len(rounds) <= 3 and rounds[-1]["trials"] == 22
-    assert [r["trials"] for r in rounds] == sorted(r["trials"] for r in rounds) and rounds[0]["trials"] >= 8
+    assert [r["trials"] for r in rounds] == sorted(r["trials"] for r in rounds) and rounds[0]["trials"] >= 10
     assert rounds[0]["model_id"] is None and rounds[1]["model_id"] is not None  # trained on the first round
     # Each trial says what proposed it: the first round's random draws, those that bridged the
     # wait for the first model (a chunk of 4 per worker at most), then the model's plan and its
     # screened exploration (half each, so both among the rest).
-    assert set(trials[trials["round"] == 0]["origin"]) == {"random"}
+    assert set(trials[trials["round"] == 0]["origin"]) == {"baseline", "random"}
     later = trials[trials["round"] >= 1]["origin"]
     assert {"explore", "plan"} <= set(later) <= {"random", "explore", "plan"}
     assert (later == "random").sum() <= 2 * BRIDGE_CHUNKS * 4
@@ -144,7 +146,8 @@ def test_shard_searches_in_ray_actors_plan_as_in_process_ones(ray_local: None) -
             wanted = [(0, 6), (1, 6), (0, 3)]
             proposed = [f.result() for f in remote.propose(wanted)]  # (index, origin) pairs
             assert proposed == [f.result() for f in local.propose(wanted)]
-            assert {origin for batch in proposed for _, origin in batch} <= {"explore", "plan"}
+            origins = [origin for batch in proposed for _, origin in batch]
+            assert set(origins) <= {"explore", "plan", "baseline"} and origins.count("baseline") == (step == 0)
             assert not {i for batch in proposed for i, _ in batch} & set(measured)
             for shard, batch in ((0, proposed[0]), (1, proposed[1])):
                 results = [MeasureResult(i, {}, Status.OK, latencies=[1e-3]) for i, _ in batch]
@@ -699,11 +702,12 @@ class _RecordedSearches:
 @pytest.mark.parametrize("search", ["xgb", "random"])
 def test_a_model_guided_search_waits_for_its_first_model(pg_url: str, search: str) -> None:
     """The first model's wait (scheduler.tuner): an xgb job of a family with no model hands out a
-    round of unguided configs (one worker, batch 8: 8, as many as a model needs, farm.core.costmodel)
-    and waits for that round's retraining to reach the searches, handing out no more than the
-    bridge meanwhile (a chunk of 4), where the worker's lead allows two batches (16) in flight. A
-    random search needs no model and keeps its worker's queue full: by the time the first model
-    arrives, the round's 8 results and at least two chunks (8) in flight were proposed."""
+    round of unguided configs (one worker, batch 9: the task's baseline, which trains nothing, and 8
+    configs, as many as a model needs, farm.core.costmodel) and waits for that round's retraining to
+    reach the searches, handing out no more than the bridge meanwhile (a chunk of 4), where the
+    worker's lead allows two batches (18) in flight. A random search needs no model and keeps its
+    worker's queue full: by the time the first model arrives, the round's 9 results and at least
+    two chunks in flight were proposed."""
     from scheduler.local_pool import LocalWorkerPool
 
     recorded: list[_RecordedSearches] = []
@@ -714,7 +718,7 @@ def test_a_model_guided_search_waits_for_its_first_model(pg_url: str, search: st
             return recorded[-1]
 
     store = open_store(pg_url)
-    job_id = store.submit(JobRequest.build(SMALL, "llvm", 32, workers=1, batch_size=8, search=search))
+    job_id = store.submit(JobRequest.build(SMALL, "llvm", 32, workers=1, batch_size=9, search=search))
     with Scheduler(store, pool_factory=lambda kind, count, keys: Recording.on_this_machine(kind, count, keys)) as sched:
         assert sched.claim_and_run(job_id) == "done"
     trials = store.trials(job_id=job_id)
@@ -723,9 +727,9 @@ def test_a_model_guided_search_waits_for_its_first_model(pg_url: str, search: st
     first_model = events.index(("model", True))
     before = sum(n for kind, n in events[:first_model] if kind == "propose")
     if search == "xgb":
-        assert 8 <= before <= 8 + BRIDGE_CHUNKS * 4, events
+        assert 9 <= before <= 9 + BRIDGE_CHUNKS * 4, events
     else:
-        assert before >= 16 > 8 + BRIDGE_CHUNKS * 4, events
+        assert before >= 18 > 9 + BRIDGE_CHUNKS * 4, events
 
 
 def test_a_job_naming_an_rpc_key_no_device_has_fails_with_a_clear_error(pg_url: str) -> None:

@@ -27,10 +27,13 @@ def default_gpu_rules() -> list[Any]:
 
 def default_schedule(wl: Workload, target: TargetSpec) -> Any:
     """The workload's function as TVM schedules it untuned for `target`: by the first of
-    `default_gpu_rules` that applies on GPUs, unscheduled elsewhere. FarmError where no rule
-    applies (a model's build would then fail on the kernel too)."""
+    `default_gpu_rules` that applies on GPUs, unscheduled elsewhere (its trace only looks its
+    blocks up: MetaSchedule's databases return no record of an empty trace, and a record of this
+    one schedules nothing). FarmError where no rule applies (a model's build would then fail on
+    the kernel too)."""
     sch = new_schedule(wl)
     if not target.is_gpu:
+        sch.get_child_blocks(sch.get_sblock("root"))
         return sch
     func, tvm_target = sch.mod["main"], target.tvm()
     with tvm_target:
