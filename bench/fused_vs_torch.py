@@ -97,7 +97,7 @@ def best_kernels(db: Path, workload: TirWorkload, target: str) -> dict[str, tupl
         best = store.best(row["id"], 1)
         if best:
             task = Task(workload, parse_target(target), row["template"])
-            config = task.space.from_json(best[0]["config"])
+            config = task.config_from_json(best[0]["config"])
             out[row["template"]] = (compile_module(task.schedule(config).mod, task.target),
                                     statistics.median(best[0]["latencies"]) * 1e6)
     return out

@@ -39,7 +39,7 @@ class InstantWorker:
         self.rng = random.Random(name)
 
     def build_and_measure(self, task: Task, indices: list[int], shard: int = 0, round_: int = 0) -> list[MeasureResult]:
-        return [MeasureResult(i, task.space.get(i).to_json(), Status.OK, latencies=[self.rng.uniform(1e-5, 1e-3)] * 3,
+        return [MeasureResult(i, task.config(i).to_json(), Status.OK, latencies=[self.rng.uniform(1e-5, 1e-3)] * 3,
                               device=self.device_name(), worker=self.name, shard=shard, round=round_) for i in indices]
 
     def device_name(self) -> str:

@@ -111,7 +111,7 @@ def test_tune_end_to_end_on_llvm(tmp_path: Path) -> None:
     wl = make_workload("conv2d_nchw", dict(N=1, CI=16, H=14, W=14, CO=32, KH=3, KW=3, pad=1))
     assert rec["workload"] == wl.to_json()
     task = Task(wl, parse_target(rec["target"]))
-    task.space.from_json(rec["config"])  # the exported config is a point of the space
+    task.config_from_json(rec["config"])  # the exported config: a point of the space, or the baseline
     assert rec["template"] == task.template.name and rec["template_version"] == task.template.version
     assert rec["latency_us"] > 0 and rec["gflops"] > 0 and rec["device"].startswith("CPU")
     assert rec["tvm_version"].startswith("0.27") and rec["measured_at"]
