@@ -359,6 +359,28 @@ def test_cuda_tiled_refuses_what_could_not_run() -> None:
     _cuda_source(template.schedule(wl, CUDA, config).mod)
 
 
+@pytest.mark.parametrize("arch", ["sm_90", "sm_75"])
+@pytest.mark.parametrize("name, params", [
+    ("conv2d_nchw", dict(N=8, CI=64, H=28, W=28, CO=128, KH=3, KW=3, pad=1, stride=2)),
+    ("group_conv2d_nchw", dict(N=1, CI=64, H=14, W=14, CO=96, KH=3, KW=3, pad=1, groups=4)),
+    ("matmul", dict(M=96, N=40, K=72)), ("matmul", dict(M=1024, N=1024, K=1024)),
+    ("batch_matmul", dict(B=12, M=128, N=64, K=128))])
+def test_cuda_tiled_prechecks_a_batch_of_codes_exactly_as_it_checks_each(name: str, params: dict[str, Any],
+                                                                          arch: str) -> None:
+    """The search's annealing prechecks thousands of moves a step in one call
+    (Template.precheck_columns on the featurizer's codes): the same verdict as `check`, config by
+    config, valid ones and each reason to refuse among them."""
+    from farm.core.features import featurizer
+
+    task = Task(make_workload(name, params), parse_target({"kind": "cuda", "arch": arch}), "cuda.tiled")
+    indices = np.random.default_rng(0).integers(0, task.space.size, 3000)
+    passes = task.precheck_codes(featurizer(task).codes(indices))
+    assert passes is not None
+    verdicts = [task.check(task.space.get(int(i))) for i in indices]
+    assert passes.tolist() == [v is None for v in verdicts]
+    assert 0 < passes.sum() < len(indices)
+
+
 @pytest.mark.parametrize("preset", [*PRESETS, "matmul-1024"])
 def test_llvm_spaces_are_thousands_to_hundreds_of_thousands(preset: str) -> None:
     wl = _workload(CUDA_CASES[preset])

@@ -455,11 +455,16 @@ class XGBSearch(RandomSearch):
             t = temperature * (1.0 - step / self.steps)
             gain = moved_scores - scores
             accept = (gain >= 0) | (self._np.random(len(codes)) < np.exp(np.minimum(gain, 0) / max(t, 1e-9)))
-            for row in np.nonzero(accept)[0].tolist():
-                # The template's cheap necessary condition: a full check of every step of every
-                # chain would cost seconds where it replays the config (design spaces).
-                if not self._passes_precheck(int(moved_indices[row])):
-                    accept[row] = False
+            # The template's cheap necessary condition: a full check of every step of every chain
+            # would cost seconds where it replays the config (design spaces). All the moves at
+            # once where the template can, else the accepted ones one by one.
+            passes = self.task.precheck_codes(moved)
+            if passes is not None:
+                accept &= passes
+            else:
+                for row in np.nonzero(accept)[0].tolist():
+                    if not self._passes_precheck(int(moved_indices[row])):
+                        accept[row] = False
             codes[accept], scores[accept] = moved[accept], moved_scores[accept]
         indices = np.concatenate(visited)
         all_scores = np.concatenate(visited_scores)

@@ -216,6 +216,32 @@ class Config:
         return json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
 
 
+class Columns:
+    """Many configs of one space as columns: each knob's values as a NumPy array, (n,) for a
+    choice and (n, parts) for a split, so that a template's validity rules run on thousands of
+    configs at once (`Template.precheck_columns`) and, on one, as its `check`."""
+
+    def __init__(self, values: Mapping[str, np.ndarray], n: int) -> None:
+        self._values, self.n = dict(values), n
+
+    @classmethod
+    def of_codes(cls, space: ConfigSpace, codes: np.ndarray) -> Columns:
+        """The configs given as codes: one value position per knob of `space`, (n, knobs), as the
+        search's featurizer has them."""
+        return cls({knob.name: table[codes[:, j]] for j, (knob, table) in enumerate(zip(space.knobs, space.tables,
+                                                                                       strict=True))}, len(codes))
+
+    @classmethod
+    def of_config(cls, config: Config) -> Columns:
+        return cls({name: np.array([value]) for name, value in config.values}, 1)
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self._values[name]
+
+    def __len__(self) -> int:
+        return self.n
+
+
 class ConfigSpace:
     """The product of `knobs`; configs numbered in mixed radix, first knob fastest."""
 
@@ -236,6 +262,11 @@ class ConfigSpace:
 
     def __len__(self) -> int:
         return self.size
+
+    @cached_property
+    def tables(self) -> list[np.ndarray]:
+        """Each knob's values as an array indexed by value position (`Columns.of_codes`)."""
+        return [np.array(knob.values) for knob in self.knobs]
 
     def knob(self, name: str) -> Knob:
         return self._by_name[name]

@@ -7,8 +7,10 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+import numpy as np
+
 from farm.core.errors import FarmError
-from farm.core.space import Config, ConfigSpace
+from farm.core.space import Columns, Config, ConfigSpace
 from farm.core.targets import TargetSpec, parse_target
 from farm.core.templates import Template, templates_for
 from farm.core.templates.tvm_default import default_schedule
@@ -98,6 +100,14 @@ class Task:
         if self.is_baseline(config):
             return None
         return self.template.precheck(self.scheduled_as, self.target, config)
+
+    def precheck_codes(self, codes: np.ndarray) -> np.ndarray | None:
+        """`precheck` of the configs given as codes (one value position per knob of the space, as
+        the search's featurizer has them), True where it passes, all at once where the template
+        has such a form (`Template.precheck_columns`); None where it has not."""
+        if type(self.template).precheck_columns is Template.precheck_columns:
+            return None
+        return self.template.precheck_columns(self.scheduled_as, self.target, Columns.of_codes(self.space, codes))
 
     def valid(self, config: Config) -> bool:
         """Whether `config` passes `check`, refused by the template's own `precheck` first where it

@@ -16,14 +16,19 @@ import inspect
 import math
 import sys
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from functools import cached_property
 from typing import Any, ClassVar
 
-from farm.core.space import Config, ConfigSpace
+import numpy as np
+
+from farm.core.space import Columns, Config, ConfigSpace
 from farm.core.targets import TargetSpec
 from farm.core.workloads import Workload
 
+# A template's validity rules over `Columns`: for each rule, which configs break it, and why the
+# i-th does. `first_error` makes them a `check` of one config, `passing` a precheck of many.
+Rules = Iterator[tuple[np.ndarray, Callable[[int], str]]]
 # CUDA's limits on each dimension of a thread block and of the grid (compute capability >= 3.0).
 CUDA_MAX_BLOCK_DIM = {"x": 1024, "y": 1024, "z": 64}
 CUDA_MAX_GRID_DIM = {"x": 2**31 - 1, "y": 65535, "z": 65535}
@@ -61,6 +66,12 @@ class Template(ABC):
         """A necessary condition of `check`, cheap enough for every step of a search's annealing
         (microseconds); `check` itself unless the template's check is costly."""
         return self.check(wl, target, config)
+
+    def precheck_columns(self, wl: Workload, target: TargetSpec, configs: Columns) -> np.ndarray | None:
+        """`precheck` of many configs at once, True where it passes (exactly, config by config), or
+        None where the template has no such form: a search's annealing then prechecks its moves
+        one at a time."""
+        return None
 
     @abstractmethod
     def schedule(self, wl: Workload, target: TargetSpec, config: Config) -> Any:
@@ -228,19 +239,42 @@ def new_schedule(wl: Workload, func: Any = None) -> Any:
 DYNAMIC_OPTIN_BYTES = 48 * 1024
 
 
+def first_error(rules: Rules) -> str | None:
+    """Why the one config of `rules`' columns is invalid (the first rule it breaks; the later ones
+    are not computed), None if it is valid."""
+    for bad, why in rules:
+        if bad[0]:
+            return why(0)
+    return None
+
+
+def passing(rules: Rules, n: int) -> np.ndarray:
+    """Which of the `n` configs of `rules`' columns break none of them."""
+    ok = np.ones(n, dtype=bool)
+    for bad, _ in rules:
+        ok &= ~bad
+    return ok
+
+
 def shared_memory_error(static: int, target: TargetSpec, dynamic: int = 0) -> str | None:
     """Why a block with `static` bytes of shared memory (fixed in the kernel) and `dynamic` bytes
-    (``shared.dyn``, sized at launch) cannot launch on `target`, None if it can. TVM's CUDA
-    runtime opts a kernel in to more than `max_shared_memory_per_block` (48 KiB) only when its
-    dynamic part alone reaches 48 KiB (it then raises the kernel's dynamic limit to exactly that
-    part); the block may then use up to the target's opt-in limit in all."""
+    (``shared.dyn``, sized at launch) cannot launch on `target`, None if it can
+    (`shared_memory_rules`)."""
+    return first_error(shared_memory_rules(np.array([static]), target, np.array([dynamic])))
+
+
+def shared_memory_rules(static: np.ndarray, target: TargetSpec, dynamic: np.ndarray | int = 0) -> Rules:
+    """`Rules` of blocks with `static` and `dynamic` bytes of shared memory. TVM's CUDA runtime
+    opts a kernel in to more than `max_shared_memory_per_block` (48 KiB) only when its dynamic
+    part alone reaches 48 KiB (it then raises the kernel's dynamic limit to exactly that part);
+    the block may then use up to the target's opt-in limit in all."""
     limit, total = target.limit("max_shared_memory_per_block"), static + dynamic
-    if static > limit:
-        return f"{static} bytes of static shared memory > {limit}"
-    if dynamic < DYNAMIC_OPTIN_BYTES:
-        return f"{total} bytes of shared memory > {limit}" if total > limit else None
+    yield static > limit, lambda i: f"{static[i]} bytes of static shared memory > {limit}"
+    small = np.asarray(dynamic) < DYNAMIC_OPTIN_BYTES
+    yield small & (total > limit), lambda i: f"{total[i]} bytes of shared memory > {limit}"
     optin = target.max_shared_memory_optin
-    return f"{total} bytes of shared memory > {optin} ({target.arch}'s opt-in limit)" if total > optin else None
+    yield ~small & (total > optin), \
+        lambda i: f"{total[i]} bytes of shared memory > {optin} ({target.arch}'s opt-in limit)"
 
 
 # Software pipelining of a reduction's outer loop whose body copies two input tiles into shared
@@ -252,26 +286,32 @@ def shared_memory_error(static: int, target: TargetSpec, dynamic: int = 0) -> st
 PIPELINE = (0, 1, 2, 3, 4)
 
 
-def pipeline_buffers(pipeline: int) -> int:
-    """Copies of each shared tile that `pipeline` keeps."""
-    return 1 if pipeline == 0 else max(2, pipeline)
+def pipeline_buffers(pipeline: Any) -> Any:
+    """Copies of each shared tile that `pipeline` keeps (an int, or an array of them)."""
+    buffers = np.where(np.asarray(pipeline) == 0, 1, np.maximum(2, pipeline))
+    return int(buffers) if np.ndim(buffers) == 0 else buffers
 
 
 def pipeline_error(pipeline: int, steps: int, target: TargetSpec, implicit_unroll: bool = False) -> str | None:
-    """Why `pipeline` cannot pipeline a loop of `steps` on `target`, None if it can;
-    `implicit_unroll`: the kernel is unrolled by `#pragma unroll` (auto-unrolling without
-    ``unroll_explicit``)."""
+    """Why `pipeline` cannot pipeline a loop of `steps` on `target`, None if it can
+    (`pipeline_rules`)."""
+    return first_error(pipeline_rules(np.array([pipeline]), np.array([steps]), target, np.array([implicit_unroll])))
+
+
+def pipeline_rules(pipeline: np.ndarray, steps: np.ndarray, target: TargetSpec,
+                   implicit_unroll: np.ndarray | bool = False) -> Rules:
+    """`Rules` of `pipeline` on loops of `steps` on `target`; `implicit_unroll`: the kernel is
+    unrolled by `#pragma unroll` (auto-unrolling without ``unroll_explicit``)."""
     buffers = pipeline_buffers(pipeline)
-    if pipeline and steps < buffers:
-        return f"{buffers} pipeline buffers need as many outer steps of the reduction, not {steps}"
-    if pipeline >= 2 and target.compute_capability < 80:
-        return f"asynchronous copies need sm_80 or later, not {target.arch}"
-    if buffers > 2 and implicit_unroll:
-        # The pipeline's epilogue then becomes a `#pragma unroll` loop whose cp.async wait
-        # counts depend on its variable, which TVM 0.27's CUDA codegen rejects: such candidates
-        # failed to build (docs/defaults.md#async-copies).
-        return "3 or more pipeline buffers need explicit unrolling (unroll_explicit=1) or none"
-    return None
+    yield (pipeline > 0) & (steps < buffers), \
+        lambda i: f"{buffers[i]} pipeline buffers need as many outer steps of the reduction, not {steps[i]}"
+    yield (pipeline >= 2) & (target.compute_capability < 80), \
+        lambda i: f"asynchronous copies need sm_80 or later, not {target.arch}"
+    # The pipeline's epilogue then becomes a `#pragma unroll` loop whose cp.async wait counts
+    # depend on its variable, which TVM 0.27's CUDA codegen rejects: such candidates failed to
+    # build (docs/defaults.md#async-copies).
+    yield (buffers > 2) & implicit_unroll, \
+        lambda i: "3 or more pipeline buffers need explicit unrolling (unroll_explicit=1) or none"
 
 
 def pipeline_loop(sch: Any, loop: Any, pipeline: int) -> None:

@@ -22,25 +22,30 @@ from __future__ import annotations
 
 from typing import Any
 
-from farm.core.space import ChoiceKnob, Config, ConfigSpace, SplitKnob
+import numpy as np
+
+from farm.core.space import ChoiceKnob, Columns, Config, ConfigSpace, SplitKnob
 from farm.core.targets import TargetSpec
 from farm.core.templates.base import (
     CUDA_MAX_BLOCK_DIM,
     CUDA_MAX_GRID_DIM,
     PIPELINE,
+    Rules,
     Template,
     annotate_unroll,
     axis_extents,
     cooperative_fetch,
     dtype_bytes,
+    first_error,
     fold_epilogue,
     has_stage,
     new_schedule,
+    passing,
     pipeline_buffers,
-    pipeline_error,
     pipeline_loop,
+    pipeline_rules,
     prod,
-    shared_memory_error,
+    shared_memory_rules,
 )
 from farm.core.workloads import Workload
 
@@ -106,33 +111,10 @@ class CudaTiled(Template, name="cuda.tiled", kind="cuda", workloads=tuple(_AXES)
         )
 
     def check(self, wl: Workload, target: TargetSpec, config: Config) -> str | None:
-        spatial, reduce = _AXES[wl.name]
-        threads = prod(config[f"tile_{a}"][2] for a in spatial)
-        if threads > target.limit("max_threads_per_block"):
-            return f"{threads} threads per block > {target.limit('max_threads_per_block')}"
-        for dim, group in zip(_DIMS, _GROUPS[wl.name], strict=True):
-            extent = prod(config[f"tile_{a}"][2] for a in group)
-            if extent > CUDA_MAX_BLOCK_DIM[dim]:
-                return f"threadIdx.{dim} extent {extent} > {CUDA_MAX_BLOCK_DIM[dim]}"
-        vthreads = prod(config[f"tile_{a}"][1] for a in spatial)
-        if vthreads > target.max_vthreads:
-            return f"{vthreads} vthreads > {target.max_vthreads}"
-        split, outer = config["split_k"], config[f"tile_{reduce[0]}"][0]
-        if outer % split:
-            return f"split_k={split} does not divide the {outer} outer steps of {reduce[0]}"
-        grid_z = split * prod(config[f"tile_{a}"][0] for a in _GROUPS[wl.name][0])
-        if grid_z > CUDA_MAX_GRID_DIM["z"]:
-            return f"blockIdx.z extent {grid_z} > {CUDA_MAX_GRID_DIM['z']}"
-        if (reason := _vector_error(wl, config)) is not None:
-            return reason
-        implicit_unroll = bool(config["auto_unroll_max_step"]) and not config["unroll_explicit"]
-        if (reason := pipeline_error(config["pipeline"], outer // split, target, implicit_unroll)) is not None:
-            return reason
-        if config["pipeline"] >= 2 and config["fetch"] == 0:
-            # One thread's contiguous run is a loop that TVM's async lowering turns into a DMA
-            # call CUDA cannot compile (base.compile_scheduled).
-            return "asynchronous copies (pipeline >= 2) need coalesced fetching (fetch >= 1)"
-        return shared_memory_error(_shared_bytes(wl, config) * pipeline_buffers(config["pipeline"]), target)
+        return first_error(_rules(wl, target, Columns.of_config(config)))
+
+    def precheck_columns(self, wl: Workload, target: TargetSpec, configs: Columns) -> np.ndarray:
+        return passing(_rules(wl, target, configs), len(configs))
 
     def schedule(self, wl: Workload, target: TargetSpec, config: Config) -> Any:
         spatial, reduce = _AXES[wl.name]
@@ -234,34 +216,71 @@ def _schedule_sum(sch: Any, wl: Workload, block: Any, spatial: int, threads: int
     fold_epilogue(sch, wl, None, thread)
 
 
-def _vector_error(wl: Workload, config: Config) -> str | None:
-    """Why `config`'s vector loads could be misaligned (a misaligned vector load kills the CUDA
-    context), None if every vector of both matmul tiles starts on a multiple of its width."""
-    vector = config["fetch"]
-    if vector <= 1:
-        return None
-    p = wl.p
-    tile_j, chunk_k = prod(config["tile_j"][1:]), prod(config["tile_k"][1:])
-    for what, size in (("K", p["K"]), ("N", p["N"]), ("the k tile", chunk_k), ("the j tile", tile_j)):
-        if size % vector:
-            return f"vector loads of {vector} need {what} ({size}) to be a multiple of {vector}"
-    return None
+def _rules(wl: Workload, target: TargetSpec, c: Columns) -> Rules:
+    """What makes configs invalid: the block's threads and virtual threads, the grid's z, split-K's
+    slices, vector loads, pipelining and shared memory (base.Rules)."""
+    spatial, reduce = _AXES[wl.name]
+    threads = _factors(c, spatial, 2)
+    limit = target.limit("max_threads_per_block")
+    yield threads > limit, lambda i: f"{threads[i]} threads per block > {limit}"
+    for dim, group in zip(_DIMS, _GROUPS[wl.name], strict=True):
+        extent = _factors(c, group, 2)
+        yield extent > CUDA_MAX_BLOCK_DIM[dim], \
+            lambda i, dim=dim, extent=extent: f"threadIdx.{dim} extent {extent[i]} > {CUDA_MAX_BLOCK_DIM[dim]}"
+    vthreads = _factors(c, spatial, 1)
+    yield vthreads > target.max_vthreads, lambda i: f"{vthreads[i]} vthreads > {target.max_vthreads}"
+    split, outer = c["split_k"], c[f"tile_{reduce[0]}"][:, 0]
+    yield outer % split != 0, \
+        lambda i: f"split_k={split[i]} does not divide the {outer[i]} outer steps of {reduce[0]}"
+    grid_z = split * _factors(c, _GROUPS[wl.name][0], 0)
+    yield grid_z > CUDA_MAX_GRID_DIM["z"], lambda i: f"blockIdx.z extent {grid_z[i]} > {CUDA_MAX_GRID_DIM['z']}"
+    yield from _vector_rules(wl, c)
+    pipeline = c["pipeline"]
+    implicit_unroll = (c["auto_unroll_max_step"] != 0) & (c["unroll_explicit"] == 0)
+    yield from pipeline_rules(pipeline, outer // split, target, implicit_unroll)
+    # One thread's contiguous run is a loop that TVM's async lowering turns into a DMA call CUDA
+    # cannot compile (base.compile_scheduled).
+    yield (pipeline >= 2) & (c["fetch"] == 0), \
+        lambda i: "asynchronous copies (pipeline >= 2) need coalesced fetching (fetch >= 1)"
+    yield from shared_memory_rules(_shared_bytes(wl, c) * pipeline_buffers(pipeline), target)
 
 
-def _shared_bytes(wl: Workload, config: Config) -> int:
+def _factors(c: Columns, axes: tuple[str, ...], part: int) -> np.ndarray:
+    """The product of part `part` of the tiles of `axes` (1 for none), per config."""
+    out = np.ones(len(c), dtype=np.int64)
+    for a in axes:
+        out = out * c[f"tile_{a}"][:, part]
+    return out
+
+
+def _vector_rules(wl: Workload, c: Columns) -> Rules:
+    """Vector loads that could be misaligned (a misaligned vector load kills the CUDA context):
+    every vector of both matmul tiles must start on a multiple of its width."""
+    vector = c["fetch"]
+    if wl.name != "matmul":  # only matmul loads vectors (FETCH)
+        return
+    p, wide = wl.p, vector > 1
+    sizes = (("K", p["K"] * np.ones(len(c), dtype=np.int64)), ("N", p["N"] * np.ones(len(c), dtype=np.int64)),
+             ("the k tile", c["tile_k"][:, 1:].prod(axis=1)), ("the j tile", c["tile_j"][:, 1:].prod(axis=1)))
+    for what, size in sizes:
+        yield wide & (size % np.maximum(vector, 1) != 0), lambda i, what=what, size=size: \
+            f"vector loads of {vector[i]} need {what} ({size[i]}) to be a multiple of {vector[i]}"
+
+
+def _shared_bytes(wl: Workload, c: Columns) -> np.ndarray:
     """Shared memory one block stages per outer reduction step (inputs' tile footprints)."""
     p = wl.p
-    tile = {a: prod(config[f"tile_{a}"][1:]) for a in _AXES[wl.name][0]}
-    chunk = {a: prod(config[f"tile_{a}"][1:]) for a in _AXES[wl.name][1]}
+    tile = {a: c[f"tile_{a}"][:, 1:].prod(axis=1) for a in _AXES[wl.name][0]}
+    chunk = {a: c[f"tile_{a}"][:, 1:].prod(axis=1) for a in _AXES[wl.name][1]}
     if wl.name in ("matmul", "batch_matmul"):
-        rows = tile["i"] + (KMAJOR_PAD - tile["i"]) % 32 if config["a_kmajor"] else tile["i"]  # its stride
+        rows = np.where(c["a_kmajor"] != 0, tile["i"] + (KMAJOR_PAD - tile["i"]) % 32, tile["i"])  # its stride
         elements = tile.get("b", 1) * (rows * chunk["k"] + chunk["k"] * tile["j"])
     else:
         s, d = p["stride"], p.get("dilation", 1)
         channels = chunk["rc"]
         if wl.name == "group_conv2d_nchw":
             cig, cog = p["CI"] // p["groups"], p["CO"] // p["groups"]
-            spanned = -(-tile["f"] // cog) + (0 if tile["f"] % cog == 0 or cog % tile["f"] == 0 else 1)
+            spanned = -(-tile["f"] // cog) + np.where((tile["f"] % cog == 0) | (cog % tile["f"] == 0), 0, 1)
             channels = (spanned - 1) * cig + chunk["rc"]
         rows = (tile["y"] - 1) * s + (chunk["ry"] - 1) * d + 1
         cols = (tile["x"] - 1) * s + (chunk["rx"] - 1) * d + 1
