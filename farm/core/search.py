@@ -373,12 +373,13 @@ class XGBSearch(RandomSearch):
             pool: list[int] = []
             drawn: set[int] = set()
             for _ in range(_MAX_REJECTS // 256):  # chunks of draws, until the pool is full
+                fresh: list[int] = []
                 for position in self._np.integers(0, self.shard.size, size=256).tolist():
                     index = self.shard.index(position)
                     if index not in self.seen and index not in drawn:
                         drawn.add(index)
-                        if self._passes_precheck(index):
-                            pool.append(index)
+                        fresh.append(index)
+                pool += self._passing_precheck(fresh)
                 if len(pool) >= n * self.screen:
                     break
             groups = min(n, len(pool) // self.screen)
@@ -402,11 +403,16 @@ class XGBSearch(RandomSearch):
         """Up to `size` diverse, valid, unseen configs of the shard, best predicted first."""
         indices, scores = self._candidates()
         order = np.argsort(-scores, kind="stable")
+        # The annealing visited moves it refused too: refused here all at once where the template
+        # can, before any is checked in full.
+        passes = self._precheck_mask(indices[order])
+        candidates = zip(indices[order].tolist(), scores[order].tolist(),
+                         passes.tolist() if passes is not None else [True] * len(order), strict=True)
         pool: list[int] = []
         pool_scores: list[float] = []
         deadline = time.monotonic() + PLAN_CHECK_SECONDS
-        for i, score in zip(indices[order].tolist(), scores[order].tolist(), strict=True):
-            if i not in self.seen and self._is_valid(i):
+        for i, score, passed in candidates:
+            if passed and i not in self.seen and self._is_valid(i):
                 pool.append(i)
                 pool_scores.append(score)  # each config's own score: invalid or seen ones were skipped
                 if len(pool) >= 8 * size or (len(pool) >= size and time.monotonic() > deadline):
@@ -497,6 +503,21 @@ class XGBSearch(RandomSearch):
         assert self.model is not None
         feats = self.features
         return self.model.predict(feats.features(codes), feats.names).astype(np.float64)
+
+    def _precheck_mask(self, indices: np.ndarray) -> np.ndarray | None:
+        """Which of `indices` pass the template's precheck, all at once; None where the template
+        prechecks one config at a time (`Task.precheck_codes`)."""
+        if not self.task.prechecks_codes or not len(indices):
+            return None
+        return self.task.precheck_codes(self.features.codes(indices))
+
+    def _passing_precheck(self, indices: list[int]) -> list[int]:
+        """Those of `indices` that pass the template's precheck, in order: all at once where the
+        template can (`Task.precheck_codes`), else one by one."""
+        passes = self._precheck_mask(np.array(indices, dtype=np.int64))
+        if passes is None:
+            return [i for i in indices if self._passes_precheck(i)]
+        return [i for i, passed in zip(indices, passes.tolist(), strict=True) if passed]
 
     def _passes_precheck(self, index: int) -> bool:
         passes = self._prechecked.get(index)

@@ -101,11 +101,16 @@ class Task:
             return None
         return self.template.precheck(self.scheduled_as, self.target, config)
 
+    @property
+    def prechecks_codes(self) -> bool:
+        """Whether the template prechecks many configs at once (`precheck_codes`)."""
+        return type(self.template).precheck_columns is not Template.precheck_columns
+
     def precheck_codes(self, codes: np.ndarray) -> np.ndarray | None:
         """`precheck` of the configs given as codes (one value position per knob of the space, as
         the search's featurizer has them), True where it passes, all at once where the template
         has such a form (`Template.precheck_columns`); None where it has not."""
-        if type(self.template).precheck_columns is Template.precheck_columns:
+        if not self.prechecks_codes:
             return None
         return self.template.precheck_columns(self.scheduled_as, self.target, Columns.of_codes(self.space, codes))
 
