@@ -28,6 +28,7 @@ from farm.core.errors import FarmError
 from farm.core.features import featurizer
 from farm.core.jobspec import JobRequest, family_key
 from farm.core.measure import MeasureResult, Status
+from farm.core.space import Columns
 from farm.core.targets import parse_target
 from farm.core.task import Task
 from farm.core.templates.cuda_tiled import _shared_bytes
@@ -126,7 +127,8 @@ def test_derived_features_agree_with_the_cuda_template(workload: str) -> None:
         assert 2 ** value["split.spatial.threads"] == pytest.approx(np.prod([config[k][2] for k in spatial]))
         assert 2 ** value["split.spatial.vthreads"] == pytest.approx(np.prod([config[k][1] for k in spatial]))
         unpadded = task.space.from_json({**config.to_json(), "a_kmajor": 0})
-        assert 2 ** value["fp.outer.bytes"] == pytest.approx(_shared_bytes(task.workload, unpadded), rel=1e-4)
+        assert 2 ** value["fp.outer.bytes"] == pytest.approx(
+            _shared_bytes(task.workload, Columns.of_config(unpadded))[0], rel=1e-4)
 
 
 # --- the model --------------------------------------------------------------------------------
