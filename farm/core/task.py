@@ -60,7 +60,7 @@ class Task:
     @property
     def baseline_index(self) -> int:
         """The index of the task's baseline, one past the space's last config: the workload's
-        function as TVM schedules it untuned (`templates.base.default_schedule`: DLight's rules on
+        function as TVM schedules it untuned (`templates.tvm_default.default_schedule`: DLight's rules on
         GPUs, as a model's build schedules a kernel it has no record of). A task's first candidate
         (`SearchStrategy.baseline`), so that a kernel whose template cannot beat TVM's own schedule
         keeps that schedule, as the fastest record of the task, instead of a slower one."""
